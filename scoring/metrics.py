@@ -1,0 +1,316 @@
+"""The scoring dispatcher and the metric implementations (SCORING.md §3, §4.5-§4.6, §5.2-§5.4).
+
+``score(record, generation)`` returns ``(correct, extracted)`` exactly as the reference scorer
+does (decision D1). Code metrics execute generated programs in child processes started from the
+*current* process; the evaluator never calls them directly but through ``alodlm_scoring.isolation``,
+which runs :func:`score` in a fresh interpreter (D6).
+
+math-verify and evalplus are imported lazily: loading tasks or scoring multiple choice must not pay
+for (or depend on) them, and this module must never pull in a deep-learning framework.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import os
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from typing import Any
+
+from . import extract
+from .tasks import CODE_METRICS, SUPPORTED_METRICS
+
+__all__ = [
+    "METRICS",
+    "CODE_METRICS",
+    "score",
+    "math_correct",
+    "math_verify_equal",
+    "normalized_equal",
+    "run_python_tests",
+    "run_evalplus",
+]
+
+METRICS = SUPPORTED_METRICS
+DEFAULT_OPTIONS = ("A", "B", "C", "D")
+MMLU_PRO_OPTIONS = tuple("ABCDEFGHIJ")
+DEFAULT_CODE_TIMEOUT_SECONDS = 10
+DEFAULT_MIN_TIME_LIMIT = 1.0
+DEFAULT_TIME_LIMIT_FACTOR = 4.0
+EVALPLUS_DATASETS = ("humaneval", "mbpp")
+# Address-space cap for python_tests programs, as evalplus's reliability guard uses by default.
+CHILD_ADDRESS_SPACE_BYTES = 4 * 1024**3
+
+# arc is not here: its extractor also needs the option labels.
+_LETTER_EXTRACTORS = {
+    "mmlu": extract.extract_mmlu,
+    "gpqa": extract.extract_gpqa,
+    "mmlu_pro": extract.extract_mmlu_pro,
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Dispatcher
+# --------------------------------------------------------------------------------------------
+
+
+def score(record: dict, generation: str) -> tuple[bool, str | None]:
+    """Score one generation against its task record: ``(correct, extracted)``.
+
+    ``extracted`` is ``None`` for code metrics. Raises the reference's validation errors (§2.3).
+    """
+    metric = record["metric"]
+    if metric not in METRICS:
+        raise ValueError(f"Unsupported evaluation metric: {metric!r}")
+    reference = str(record.get("answer", "")).strip()
+    if metric in CODE_METRICS:
+        program = extract.extract_program(generation, record.get("function_prefix") or "")
+        if metric == "python_tests":
+            return bool(_run_python_tests_record(record, program)), None
+        return bool(run_evalplus(record, program)), None
+    if not reference:
+        raise ValueError("An evaluation reference is required")
+    if metric == "exact":
+        extracted = generation.strip()
+        return extracted == reference, extracted
+    if metric == "math":
+        prediction = extract.extract_math_prediction(generation)
+        gold = extract.extract_math_gold(reference)
+        return math_correct(gold, prediction), prediction
+    return _score_multiple_choice(metric, record, reference, generation)
+
+
+def _score_multiple_choice(metric: str, record: dict, reference: str, generation: str):
+    default = MMLU_PRO_OPTIONS if metric == "mmlu_pro" else DEFAULT_OPTIONS
+    options = record.get("available_options") or list(default)
+    if reference.upper() not in options:
+        raise ValueError(
+            f"Gold answer is outside the displayed option labels: {reference!r} not in {options!r}"
+        )
+    if metric == "arc":
+        extracted = extract.extract_arc(generation, options)
+    else:
+        extracted = _LETTER_EXTRACTORS[metric](generation)
+    return extracted.upper() == reference.upper(), extracted
+
+
+# --------------------------------------------------------------------------------------------
+# Math
+# --------------------------------------------------------------------------------------------
+
+
+def math_verify_equal(gold: str, prediction: str) -> bool:
+    """math-verify 0.8.0 with default settings, gold first; any exception means "not equal".
+
+    math-verify's timeouts use SIGALRM, which only works on the main thread; elsewhere it raises,
+    which would silently turn every comparison into "not equal". Refuse loudly instead.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("math scoring must run on the main thread (math-verify uses SIGALRM)")
+    try:
+        from math_verify import parse, verify
+
+        return bool(verify(parse(f"${gold}$"), parse(f"${prediction}$")))
+    except Exception:
+        return False
+
+
+def normalized_equal(gold: str, prediction: str) -> bool:
+    """Equality after the legacy normalizer (§4.6.6) on both sides."""
+    return extract.legacy_normalize(prediction) == extract.legacy_normalize(gold)
+
+
+def math_correct(gold: str, prediction: str) -> bool:
+    """§4.6.3: an empty side is incorrect; else math-verify equivalence OR normalized equality."""
+    if not prediction or not gold:
+        return False
+    return math_verify_equal(gold, prediction) or normalized_equal(gold, prediction)
+
+
+# --------------------------------------------------------------------------------------------
+# python_tests (MBPP)
+# --------------------------------------------------------------------------------------------
+
+
+def _physical_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _address_space_limit() -> int:
+    physical = _physical_memory_bytes()
+    return CHILD_ADDRESS_SPACE_BYTES if not physical else min(CHILD_ADDRESS_SPACE_BYTES, physical)
+
+
+def _limit_child_address_space(limit: int) -> None:
+    """Runs in the child before exec: cap its address space (never raise the hard limit)."""
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    except (ValueError, OSError):
+        pass
+
+
+def _kill_process_group(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_python_tests(program: str, tests: str, timeout: float) -> bool:
+    """Run ``program`` followed by ``tests`` in a fresh isolated interpreter (§5.2).
+
+    Passes iff the interpreter exits with status 0 within ``timeout`` wall-clock seconds. The child
+    leads its own session, so on timeout the whole process group (grandchildren included) is
+    killed; its address space is capped like evalplus's default (4 GiB, at most physical RAM).
+    """
+    limit = _address_space_limit()
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as directory:
+        with open(os.path.join(directory, "check.py"), "w") as handle:
+            handle.write(program + "\n\n" + tests + "\n")
+        process = subprocess.Popen(
+            [sys.executable, "-I", "check.py"],
+            cwd=directory,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=lambda: _limit_child_address_space(limit),
+        )
+        try:
+            returncode = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_process_group(process)
+            process.wait()
+            return False
+        finally:
+            # Reap stragglers (a program may leave background grandchildren behind).
+            _kill_process_group(process)
+        return returncode == 0
+
+
+def _run_python_tests_record(record: dict, program: str) -> bool:
+    tests = record["tests"]
+    if not isinstance(tests, str) or not tests.strip():
+        raise ValueError("python_tests requires a nonempty local test program")
+    timeout = float(record.get("timeout_seconds", DEFAULT_CODE_TIMEOUT_SECONDS))
+    if not math.isfinite(timeout) or timeout <= 0:
+        raise ValueError("Code timeout must be finite and positive")
+    return run_python_tests(program, tests, timeout)
+
+
+# --------------------------------------------------------------------------------------------
+# evalplus (HumanEval, HumanEval+, MBPP+)
+# --------------------------------------------------------------------------------------------
+
+_SELF_CHECK_PASSED = False
+_IDENTITY_PROGRAM = "def identity(x):\n    return {}\n"
+_ROOT_CHECK_ENTRY = "_alodlm_root_check"
+
+
+def _untrusted_check(*args, **kwargs):
+    from evalplus.eval import untrusted_check
+
+    return untrusted_check(*args, **kwargs)
+
+
+def _ensure_grader_works() -> None:
+    """Once per process: evalplus must pass a correct and fail a wrong identity function."""
+    global _SELF_CHECK_PASSED
+    if _SELF_CHECK_PASSED:
+        return
+    if sys.platform == "darwin":
+        os.environ.setdefault("EVALPLUS_MAX_MEMORY_BYTES", "-1")
+    statuses = [
+        _untrusted_check(
+            "humaneval", _IDENTITY_PROGRAM.format(body), [[3]], "identity", [3], 0, [0.001]
+        )[0]
+        for body in ("x", "0")
+    ]
+    if statuses != ["pass", "fail"]:
+        raise RuntimeError(
+            f"Code grader failed its positive/negative execution checks (got {statuses!r})"
+        )
+    _SELF_CHECK_PASSED = True
+
+
+def _root_check_program(program: str, atol: float) -> str:
+    """Append the residual wrapper for HumanEval ``find_zero`` (§5.3 step 3)."""
+    return (
+        program
+        + "\n\n"
+        + "from evalplus.eval._special_oracle import _poly as _alodlm_poly\n\n\n"
+        + f"def {_ROOT_CHECK_ENTRY}(*args):\n"
+        + "    root = find_zero(*args)\n"
+        + f"    return abs(_alodlm_poly(*args, root)) <= {atol!r}\n"
+    )
+
+
+def _resolve(suite: dict, key: str) -> Any:
+    literal = key + "_literal"
+    if literal in suite:
+        return ast.literal_eval(suite[literal])
+    return suite[key]
+
+
+def _suite_arguments(suite: dict, root_check: bool) -> tuple[list, list, list]:
+    """Inputs, expected outputs and reference times of one suite, validated (§2.3)."""
+    inputs = _resolve(suite, "inputs")
+    expected = [True] * len(inputs) if root_check else _resolve(suite, "expected")
+    times = suite["reference_seconds"]
+    if not (len(inputs) == len(expected) == len(times)) or len(inputs) == 0:
+        raise ValueError("Test inputs, expected outputs, and reference times must align")
+    times = [float(seconds) for seconds in times]
+    if not all(math.isfinite(seconds) and seconds >= 0 for seconds in times):
+        raise ValueError("Reference execution times must be finite and nonnegative")
+    return list(inputs), list(expected), times
+
+
+def run_evalplus(record: dict, program: str) -> bool:
+    """Score ``program`` with evalplus 0.3.1 over the record's suites, in order (§5.3).
+
+    The first suite that does not pass ends scoring with False; later suites are neither
+    validated nor run.
+    """
+    _ensure_grader_works()
+    code_tests = record["code_tests"]
+    dataset = code_tests["dataset"]
+    if dataset not in EVALPLUS_DATASETS:
+        raise ValueError(f"EvalPlus dataset must be humaneval or mbpp, got {dataset!r}")
+    suites = code_tests["suites"]
+    if not suites:
+        raise ValueError("An empty test suite cannot establish correctness")
+    atol = float(code_tests.get("atol") or 0.0)
+    entry_point = code_tests["entry_point"]
+    min_time_limit = float(code_tests.get("min_time_limit", DEFAULT_MIN_TIME_LIMIT))
+    time_limit_factor = float(code_tests.get("time_limit_factor", DEFAULT_TIME_LIMIT_FACTOR))
+    root_check = dataset == "humaneval" and entry_point == "find_zero"
+    if root_check:
+        program = _root_check_program(program, atol)
+        entry_point = _ROOT_CHECK_ENTRY
+    for suite in suites:
+        inputs, expected, times = _suite_arguments(suite, root_check)
+        status, _ = _untrusted_check(
+            dataset,
+            program,
+            inputs,
+            entry_point,
+            expected,
+            atol,
+            times,
+            min_time_limit=min_time_limit,
+            gt_time_limit_factor=time_limit_factor,
+        )
+        if status != "pass":
+            return False
+    return True
