@@ -1,0 +1,132 @@
+"""The name and layout mapping from Hugging Face Qwen3 tensors to our params.
+
+Every stored tensor has one :class:`Entry`: its Hugging Face name and PyTorch shape (``[out, in]``
+for linear layers, MODEL_AND_DECODING.md §4.2), our flat name (the converted file's key) and our
+shape (``[in, out]``, attention heads split out; DESIGN.md's params pytree), and where it lives in
+the params pytree (top level, or a layer group and index). The transforms are pure views
+(transpose plus a reshape of one axis), so a conversion copies each tensor's bytes once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+import numpy as np
+
+from alodlm_convert.config import ModelConfig
+from alodlm_convert.transforms import cast, transpose_into, transposed
+
+Transform = Literal["copy", "transpose", "transpose_split_out", "transpose_split_in"]
+LAYER_GROUPS = ("prelude", "core", "coda")
+LAYER_KEYS = ("input_norm", "q", "k", "v", "o", "q_norm", "k_norm", "post_norm",
+              "gate_proj", "up_proj", "down_proj")
+GATE_KEYS = ("weight", "bias", "depth_bias")
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One backbone tensor: Hugging Face name/shape, our name/shape, transform and pytree slot."""
+
+    hf_name: str
+    hf_shape: tuple[int, ...]
+    name: str
+    shape: tuple[int, ...]
+    transform: Transform
+    group: str | None = None  # prelude/core/coda for layer tensors, None for top-level ones
+    index: int = 0            # index inside the group's stack
+    key: str = ""             # LayerStack key, or the top-level params key
+
+
+def layer_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Our per-layer shapes (one LayerStack slice, no leading layer axis)."""
+    H, I, nq, nkv, dh = (cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads,
+                         cfg.num_key_value_heads, cfg.head_dim)
+    return {
+        "input_norm": (H,), "q": (H, nq, dh), "k": (H, nkv, dh), "v": (H, nkv, dh), "o": (nq, dh, H),
+        "q_norm": (dh,), "k_norm": (dh,), "post_norm": (H,),
+        "gate_proj": (H, I), "up_proj": (H, I), "down_proj": (I, H),
+    }
+
+
+def backbone_entries(cfg: ModelConfig) -> list[Entry]:
+    """All backbone tensors in a canonical order: embed, layers 0..N-1, final_norm, lm_head."""
+    H, I, V, nq, nkv, dh = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size,
+                            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+    ours = layer_shapes(cfg)
+    per_layer: list[tuple[str, str, tuple[int, ...], Transform]] = [
+        ("input_layernorm", "input_norm", (H,), "copy"),
+        ("self_attn.q_proj", "q", (nq * dh, H), "transpose_split_out"),
+        ("self_attn.k_proj", "k", (nkv * dh, H), "transpose_split_out"),
+        ("self_attn.v_proj", "v", (nkv * dh, H), "transpose_split_out"),
+        ("self_attn.o_proj", "o", (H, nq * dh), "transpose_split_in"),
+        ("self_attn.q_norm", "q_norm", (dh,), "copy"),
+        ("self_attn.k_norm", "k_norm", (dh,), "copy"),
+        ("post_attention_layernorm", "post_norm", (H,), "copy"),
+        ("mlp.gate_proj", "gate_proj", (I, H), "transpose"),
+        ("mlp.up_proj", "up_proj", (I, H), "transpose"),
+        ("mlp.down_proj", "down_proj", (H, I), "transpose"),
+    ]
+    entries = [Entry("model.embed_tokens.weight", (V, H), "embed", (V, H), "copy", key="embed")]
+    for layer in range(cfg.num_hidden_layers):
+        group, index = cfg.layer_group(layer)
+        for hf_part, key, hf_shape, transform in per_layer:
+            entries.append(Entry(f"model.layers.{layer}.{hf_part}.weight", hf_shape, f"layers.{layer}.{key}",
+                                 ours[key], transform, group=group, index=index, key=key))
+    entries.append(Entry("model.norm.weight", (H,), "final_norm", (H,), "copy", key="final_norm"))
+    entries.append(Entry("lm_head.weight", (V, H), "lm_head", (H, V), "transpose", key="lm_head"))
+    return entries
+
+
+def gate_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Source shapes of ``exit_gate.pt`` (§4.3)."""
+    return {"net.weight": (1, cfg.hidden_size), "net.bias": (1,), "depth_bias": (cfg.max_depth,)}
+
+
+def converted_gate_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Our gate shapes (fp32): weight ``[H]``, bias scalar, depth_bias ``[K]``."""
+    return {"weight": (cfg.hidden_size,), "bias": (), "depth_bias": (cfg.max_depth,)}
+
+
+def to_ours(entry: Entry, array: np.ndarray) -> np.ndarray:
+    """Hugging Face layout -> our layout, as a view (no copy)."""
+    if tuple(array.shape) != entry.hf_shape:
+        raise ValueError(f"{entry.hf_name}: shape {list(array.shape)} != expected {list(entry.hf_shape)}")
+    if entry.transform == "copy":
+        out = array
+    else:
+        out = array.T.reshape(entry.shape)
+    assert out.shape == entry.shape, (entry.name, out.shape, entry.shape)
+    return out
+
+
+def fill_ours(dst: np.ndarray, entry: Entry, src: np.ndarray) -> None:
+    """Writes the Hugging Face tensor ``src`` into ``dst`` (our shape, any supported dtype).
+
+    Uses the tiled transpose and bit-level casts of :mod:`alodlm_convert.transforms`; the cast
+    happens on the side of the transpose with the smaller element size.
+    """
+    if tuple(src.shape) != entry.hf_shape or tuple(dst.shape) != entry.shape:
+        raise ValueError(f"{entry.hf_name}: {list(src.shape)} -> {list(dst.shape)} does not match "
+                         f"{list(entry.hf_shape)} -> {list(entry.shape)}")
+    if entry.transform == "copy":
+        np.copyto(dst, cast(src, dst.dtype))
+        return
+    flat = dst.reshape(entry.hf_shape[1], entry.hf_shape[0])
+    if not np.shares_memory(flat, dst):  # pragma: no cover - dst is always contiguous here
+        raise ValueError("destination must be contiguous")
+    if src.dtype == dst.dtype:
+        transpose_into(flat, src)
+    elif src.dtype.itemsize > dst.dtype.itemsize:
+        transpose_into(flat, cast(src, dst.dtype))
+    else:
+        np.copyto(flat, cast(transposed(src), dst.dtype))
+
+
+def gate_to_ours(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``exit_gate.pt`` tensors -> our fp32 gate (exact widening from bf16/fp16)."""
+    return {
+        "weight": np.ascontiguousarray(state["net.weight"][0], dtype=np.float32),
+        "bias": np.asarray(state["net.bias"][0], dtype=np.float32).reshape(()),
+        "depth_bias": np.ascontiguousarray(state["depth_bias"], dtype=np.float32),
+    }
