@@ -1,0 +1,360 @@
+"""The ALoDLM network as pure functions over the params pytree (MODEL_AND_DECODING.md §2, §3, §5, §8).
+
+Every function takes the params pytree as an argument (never closes over it), so callers jit them
+with params as ordinary inputs. ``cfg`` (an ``alodlm_convert.config.ModelConfig``, a hashable frozen
+dataclass) only supplies static scalars; layer shapes come from the arrays themselves.
+
+The KV cache is preallocated with a fixed shape. A layer call at cache offset ``start`` (traced
+int32) with ``T`` rows writes its keys/values (after ``k_norm`` and RoPE) into slots
+``start .. start+T`` of its buffer and lets query row ``a`` attend to slots ``j <= start + a``. That
+single rule is causal prefill (``start=0``) and a decode window (prefix cache plus causal attention in
+packed order). Rows past the valid count are padding: they write garbage into slots that a later
+window overwrites, and valid rows (which come first) never attend to them. The caller must size the
+cache so that ``start + T <= t_max`` for every call (``dynamic_update_slice`` clamps out-of-range
+offsets, which would overwrite prefix slots).
+
+Cost model: each layer group is one ``lax.scan`` (one compiled layer body, whatever the depth or
+layer count) that carries the group's whole cache and writes only the ``T`` window slots with
+``dynamic_update_slice`` — in place when the caller donates the cache to its jitted function (no
+per-pass copy of any depth's buffers; checked on the optimized HLO). Attention reads a layer's whole
+buffer (``T_max`` slots) unless a static ``kv_len`` bounds it; a long prompt can also be prefilled
+in chunks, each running all K passes: successive ``start`` offsets leave exactly the one-shot cache
+(attention is causal; the coda buffer ends holding the last pass either way), though a chunk's
+readouts before the last pass see the previous chunks' last-pass coda K/V (spec §5).
+
+Numerics follow transformers' Qwen3 and the portable decoder:
+
+* matrix products accumulate in fp32 (``preferred_element_type``) and are rounded once to the
+  activation dtype, which is what PyTorch's bf16 GEMMs do; ``Precision.HIGHEST`` keeps fp32 products
+  exact on GPUs (XLA's default there is TF32-like);
+* RMSNorm in fp32, cast back to the input dtype, then the weight multiply in that dtype;
+* RoPE tables from fp32 positions and fp32 inverse frequencies, cast to the activation dtype
+  (XLA's fp32 ``pow`` may round an inverse frequency one ulp away from torch's: tables agree to
+  ~2e-6 at position 40959);
+* SwiGLU: ``silu`` evaluated in fp32 and rounded once, as torch does for bf16 tensors;
+* attention scores, masking and softmax in fp32; probabilities are cast to the activation dtype
+  before the product with V. transformers' eager path (and our torch reference) rounds the scores
+  to bf16 and scales them in bf16 before its fp32 softmax; we keep the scores in fp32, which is
+  one rounding more accurate. Measured against the torch reference in bf16 (tiny checkpoints, 200
+  tokens, 4 depths): top-1 agreement 0.99-0.996 and mean |Δlogit| 0.0014 either way — the
+  rounding of the scores is not where bf16 differences come from, so the more accurate variant
+  stays. In fp32 both are the same computation;
+* LM head in the model dtype, cast to fp32; gate linear + bias + depth bias in the model dtype, logit
+  cast to fp32, sigmoid in fp32.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+if TYPE_CHECKING:  # pragma: no cover
+    from alodlm_convert.config import ModelConfig
+
+Params = dict[str, Any]
+_HIGHEST = jax.lax.Precision.HIGHEST
+_NEG_INF = -1e30  # finite "minus infinity" for masked scores: exp underflows to exactly 0
+
+
+@struct.dataclass
+class KVCache:
+    """Depth-aware prefix cache (spec §5): prelude/coda one buffer per layer, core one per depth."""
+
+    prelude_k: jax.Array  # [L_pre, T_max, n_kv, d_h]
+    prelude_v: jax.Array
+    core_k: jax.Array  # [L_core, K, T_max, n_kv, d_h]
+    core_v: jax.Array
+    coda_k: jax.Array  # [L_coda, T_max, n_kv, d_h]
+    coda_v: jax.Array
+
+    @property
+    def t_max(self) -> int:
+        return self.core_k.shape[2]
+
+
+def init_cache(cfg: "ModelConfig", t_max: int, dtype) -> KVCache:
+    """A zeroed cache with room for ``t_max`` slots per buffer."""
+    dtype = resolve_dtype(dtype)
+    tail = (t_max, cfg.num_key_value_heads, cfg.head_dim)
+    zeros = lambda *lead: jnp.zeros(lead + tail, dtype)  # noqa: E731
+    return KVCache(
+        prelude_k=zeros(cfg.num_prelude_layers), prelude_v=zeros(cfg.num_prelude_layers),
+        core_k=zeros(cfg.num_core_layers, cfg.max_depth), core_v=zeros(cfg.num_core_layers, cfg.max_depth),
+        coda_k=zeros(cfg.num_coda_layers), coda_v=zeros(cfg.num_coda_layers),
+    )
+
+
+def resolve_dtype(dtype):
+    """``"fp32"``/``"bf16"`` or anything ``jnp.dtype`` understands -> a numpy dtype."""
+    names = {"fp32": jnp.float32, "float32": jnp.float32, "bf16": jnp.bfloat16, "bfloat16": jnp.bfloat16}
+    if isinstance(dtype, str) and dtype in names:
+        return jnp.dtype(names[dtype])
+    return jnp.dtype(dtype)
+
+
+# --------------------------------------------------------------------------------------------------
+# Building blocks
+
+
+def _mm(equation: str, x: jax.Array, w: jax.Array) -> jax.Array:
+    """Einsum with fp32 accumulation, rounded once to ``x``'s dtype (a PyTorch GEMM's numerics)."""
+    out = jnp.einsum(equation, x, w.astype(x.dtype), precision=_HIGHEST, preferred_element_type=jnp.float32)
+    return out.astype(x.dtype)
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """transformers' Qwen3RMSNorm: fp32 internals, cast to the input dtype, then times the weight."""
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return weight.astype(x.dtype) * y.astype(x.dtype)
+
+
+def rope_tables(positions: jax.Array, head_dim: int, theta: float, dtype) -> tuple[jax.Array, jax.Array]:
+    """cos/sin ``[T, d_h]`` for rotate-half RoPE, computed in fp32 and cast to ``dtype``."""
+    exponents = jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim
+    inv_freq = 1.0 / (jnp.float32(theta) ** exponents)
+    freqs = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb).astype(dtype), jnp.sin(emb).astype(dtype)
+
+
+def _apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x ``[T, n, d_h]``; (x1·cos − x2·sin, x2·cos + x1·sin) in x's dtype."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+def _attend(q: jax.Array, k_buf: jax.Array, v_buf: jax.Array, start: jax.Array) -> jax.Array:
+    """GQA over a whole buffer; query row ``a`` sees slots ``j <= start + a``.
+
+    q ``[T, n_q, d_h]``, k_buf/v_buf ``[S, n_kv, d_h]`` -> ``[T, n_q, d_h]`` in q's dtype.
+    """
+    t, n_q, d_h = q.shape
+    n_kv = k_buf.shape[1]
+    group = n_q // n_kv
+    qg = q.reshape(t, n_kv, group, d_h)  # query head h uses kv head h // group
+    scores = jnp.einsum("tkgd,skd->kgts", qg, k_buf, precision=_HIGHEST, preferred_element_type=jnp.float32)
+    scores = scores * jnp.float32(d_h ** -0.5)
+    slots = jnp.arange(k_buf.shape[0], dtype=jnp.int32)
+    rows = start + jnp.arange(t, dtype=jnp.int32)
+    visible = slots[None, :] <= rows[:, None]  # [T, S]
+    scores = jnp.where(visible[None, None], scores, _NEG_INF)
+    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)  # masked slots: exp underflows to 0
+    out = jnp.einsum("kgts,skd->tkgd", probs, v_buf, precision=_HIGHEST, preferred_element_type=jnp.float32)
+    return out.astype(q.dtype).reshape(t, n_q, d_h)
+
+
+def _layer(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax.Array,
+           k_all: jax.Array, v_all: jax.Array, index: tuple, start: jax.Array, kv_len: int | None):
+    """One Qwen3 decoder layer; writes its K/V at ``k_all[index][start:start+T]`` and attends to it.
+
+    ``index`` is the buffer's leading index tuple: ``(layer,)`` or ``(layer, depth)`` (traced int32).
+    Only the ``T`` window slots are written, so the carried cache is updated in place. Attention
+    reads the first ``kv_len`` slots (static; all of them when ``None``).
+    """
+    a = rms_norm(h, lp["input_norm"], eps)
+    q = rms_norm(_mm("th,hnd->tnd", a, lp["q"]), lp["q_norm"], eps)
+    k = rms_norm(_mm("th,hnd->tnd", a, lp["k"]), lp["k_norm"], eps)
+    v = _mm("th,hnd->tnd", a, lp["v"])
+    q = _apply_rope(q, cos, sin)
+    k = _apply_rope(k, cos, sin)
+
+    lead = (1,) * len(index)
+    zero = jnp.int32(0)
+    offset = index + (start, zero, zero)
+    k_all = jax.lax.dynamic_update_slice(k_all, k.astype(k_all.dtype).reshape(lead + k.shape), offset)
+    v_all = jax.lax.dynamic_update_slice(v_all, v.astype(v_all.dtype).reshape(lead + v.shape), offset)
+    buf_shape = k_all.shape[len(index):]
+    if kv_len is not None:
+        buf_shape = (min(kv_len, buf_shape[0]),) + buf_shape[1:]
+    k_buf = jax.lax.dynamic_slice(k_all, index + (zero, zero, zero), lead + buf_shape).reshape(buf_shape)
+    v_buf = jax.lax.dynamic_slice(v_all, index + (zero, zero, zero), lead + buf_shape).reshape(buf_shape)
+
+    attn = _attend(q, k_buf.astype(q.dtype), v_buf.astype(q.dtype), start)
+    h = h + _mm("tnd,ndh->th", attn, lp["o"])
+    b = rms_norm(h, lp["post_norm"], eps)
+    gate = _mm("th,hi->ti", b, lp["gate_proj"])
+    gate = jax.nn.silu(gate.astype(jnp.float32)).astype(gate.dtype)  # torch: silu in fp32, one rounding
+    mlp = gate * _mm("th,hi->ti", b, lp["up_proj"])
+    return h + _mm("ti,ih->th", mlp, lp["down_proj"]), k_all, v_all
+
+
+def _num_layers(stack: Params) -> int:
+    return stack["input_norm"].shape[0]
+
+
+def run_stack(stack: Params, cfg: "ModelConfig", h: jax.Array, positions: jax.Array,
+              k_all: jax.Array, v_all: jax.Array, start, depth=None, *, kv_len: int | None = None):
+    """Runs a layer stack in order with ``lax.scan`` (one compiled layer body for any depth).
+
+    The whole group cache rides in the scan carry and each layer writes only its window slots, so
+    nothing is copied per pass. ``depth=None`` addresses ``[L, T_max, ...]`` buffers, an int32
+    ``depth`` addresses ``[L, K, T_max, ...]`` buffers at that depth. An empty stack is the identity.
+
+    ``kv_len`` (static, optional) limits attention to the first ``kv_len`` slots. It changes nothing
+    as long as ``start + T <= kv_len`` (every visible slot lies below it) and saves the work over the
+    unused tail of a large cache, e.g. in a prefill bucket.
+    """
+    n = _num_layers(stack)
+    if n == 0:
+        return h, k_all, v_all
+    start = jnp.asarray(start, jnp.int32)
+    cos, sin = rope_tables(positions, k_all.shape[-1], cfg.rope_theta, h.dtype)
+    eps = cfg.rms_norm_eps
+
+    def body(carry, xs):
+        h, k_all, v_all = carry
+        lp, layer = xs
+        index = (layer,) if depth is None else (layer, jnp.asarray(depth, jnp.int32))
+        return _layer(lp, eps, h, cos, sin, k_all, v_all, index, start, kv_len), None
+
+    (h, k_all, v_all), _ = jax.lax.scan(body, (h, k_all, v_all), (stack, jnp.arange(n, dtype=jnp.int32)))
+    return h, k_all, v_all
+
+
+# --------------------------------------------------------------------------------------------------
+# The model functions of DESIGN.md
+
+
+def embed(params: Params, ids: jax.Array) -> jax.Array:
+    """Token embeddings ``E[ids]`` -> ``[T, H]`` in the model dtype."""
+    return jnp.take(params["embed"], ids, axis=0)
+
+
+def prelude(params: Params, cfg: "ModelConfig", h, positions, cache: KVCache, start, *,
+            kv_len: int | None = None):
+    """Layers ``[0, L_s)`` (run once per window, as depth 0)."""
+    h, k, v = run_stack(params["prelude"], cfg, h, positions, cache.prelude_k, cache.prelude_v, start,
+                        kv_len=kv_len)
+    return h, cache.replace(prelude_k=k, prelude_v=v)
+
+
+def core_pass(params: Params, cfg: "ModelConfig", h, positions, cache: KVCache, start, depth, *,
+              kv_len: int | None = None):
+    """Layers ``[L_s, L_e)`` at pass ``depth`` (traced int32), reading/writing the depth's buffers."""
+    h, k, v = run_stack(params["core"], cfg, h, positions, cache.core_k, cache.core_v, start, depth=depth,
+                        kv_len=kv_len)
+    return h, cache.replace(core_k=k, core_v=v)
+
+
+def readout(params: Params, cfg: "ModelConfig", h, positions, cache: KVCache, start, *,
+            kv_len: int | None = None):
+    """``FinalNorm(Coda(h))`` on a copy of the carry; the coda buffers hold this pass's K/V."""
+    r, k, v = run_stack(params["coda"], cfg, h, positions, cache.coda_k, cache.coda_v, start, kv_len=kv_len)
+    return rms_norm(r, params["final_norm"], cfg.rms_norm_eps), cache.replace(coda_k=k, coda_v=v)
+
+
+def carry_norm(params: Params, cfg: "ModelConfig", h) -> jax.Array:
+    """Between-pass carry normalization with ``model.norm`` (applied to the core output)."""
+    return rms_norm(h, params["final_norm"], cfg.rms_norm_eps)
+
+
+def lm_logits(params: Params, r: jax.Array) -> jax.Array:
+    """``lm_head(r)`` in the model dtype, then cast to fp32 -> ``[T, V]``."""
+    return _mm("th,hv->tv", r, params["lm_head"]).astype(jnp.float32)
+
+
+def gate_logit(params: Params, r: jax.Array, depth) -> jax.Array:
+    """Exit-gate logit in the model dtype (portable rule): ``w·r + b`` then ``+ depth_bias[depth]``.
+
+    The fp32 gate parameters are cast to ``r``'s dtype first, like ``F.linear`` on a bf16 module; the
+    linear accumulates in fp32 with the bias added before the single rounding (an addmm), and the
+    depth bias is added in the model dtype afterwards.
+    """
+    gate = params["gate"]
+    dtype = r.dtype
+    w = gate["weight"].astype(dtype)
+    b = gate["bias"].astype(dtype)
+    lin = jnp.einsum("th,h->t", r, w, precision=_HIGHEST, preferred_element_type=jnp.float32)
+    lin = (lin + b.astype(jnp.float32)).astype(dtype)
+    depth_bias = jnp.take(gate["depth_bias"].astype(dtype), jnp.asarray(depth, jnp.int32))
+    return lin + depth_bias
+
+
+def gate_hazard(params: Params, r: jax.Array, depth) -> jax.Array:
+    """Hazard ``sigmoid(gate logit)`` in fp32 -> ``[T]``."""
+    return jax.nn.sigmoid(gate_logit(params, r, depth).astype(jnp.float32))
+
+
+def complete_depths(cache: KVCache, start, num_rows, executed) -> KVCache:
+    """Spec §5 ``complete``: core depths ``>= executed`` take depth ``executed-1``'s window slots.
+
+    Touches slots ``[start, start + num_rows)`` of every core layer only; computed depths
+    ``< executed`` and the prelude/coda buffers are unchanged. ``start`` and ``executed`` may be
+    traced. ``num_rows`` should be a static int (a padded row count is fine: padded slots hold
+    garbage anyway), so only those slots are read and written; a traced ``num_rows`` also works but
+    rewrites the whole core buffers under a mask. Slots past ``t_max`` are never written, and slots
+    before ``start`` are left alone even where the slice has to be clamped at the buffer's end.
+    """
+    n_core, k_depth, t_max = cache.core_k.shape[:3]
+    static_rows = isinstance(num_rows, (int, np.integer))
+    if n_core == 0 or (static_rows and num_rows <= 0):
+        return cache
+    span = min(int(num_rows), t_max) if static_rows else t_max
+    start = jnp.asarray(start, jnp.int32)
+    executed = jnp.asarray(executed, jnp.int32)
+    lo = jnp.clip(start, 0, t_max - span)  # what dynamic_slice would clamp to anyway
+    slots = lo + jnp.arange(span, dtype=jnp.int32)
+    in_window = (slots >= start) & (slots < start + jnp.asarray(num_rows, jnp.int32))  # [R]
+    depths = jnp.arange(k_depth, dtype=jnp.int32)
+    replace = (depths[:, None] >= executed) & in_window[None, :]  # [K, R]
+    replace = replace[None, :, :, None, None]
+    zero = jnp.int32(0)
+
+    def complete(buf):
+        tail = buf.shape[3:]
+        window = jax.lax.dynamic_slice(buf, (zero, zero, lo, zero, zero), (n_core, k_depth, span) + tail)
+        source = jax.lax.dynamic_index_in_dim(window, executed - 1, axis=1, keepdims=True)
+        window = jnp.where(replace, source, window)
+        return jax.lax.dynamic_update_slice(buf, window, (zero, zero, lo, zero, zero))
+
+    return cache.replace(core_k=complete(cache.core_k), core_v=complete(cache.core_v))
+
+
+# --------------------------------------------------------------------------------------------------
+# Whole-sequence conveniences (parity tests, ``compare``)
+
+
+def looped_forward(params: Params, cfg: "ModelConfig", ids: jax.Array):
+    """All ``K`` passes over ``ids`` (causal prefill, positions ``0..T-1``, no masks, no injection).
+
+    Mirrors the torch reference's ``looped_forward``: returns the per-depth readout logits
+    ``[K, T, V]`` (fp32) and hazards ``[K, T]`` (fp32) for every row. Jit with ``cfg`` static:
+    ``jax.jit(looped_forward, static_argnums=1)``.
+    """
+    t = ids.shape[0]
+    dtype = params["embed"].dtype
+    cache = init_cache(cfg, t, dtype)
+    positions = jnp.arange(t, dtype=jnp.int32)
+    start = jnp.int32(0)
+    h, cache = prelude(params, cfg, embed(params, ids), positions, cache, start)
+
+    def one_pass(carry, depth):
+        h, cache = carry
+        h, cache = core_pass(params, cfg, h, positions, cache, start, depth)
+        r, cache = readout(params, cfg, h, positions, cache, start)
+        out = (lm_logits(params, r), gate_hazard(params, r, depth))
+        return (carry_norm(params, cfg, h), cache), out
+
+    _, (logits, hazards) = jax.lax.scan(one_pass, (h, cache), jnp.arange(cfg.max_depth, dtype=jnp.int32))
+    return logits, hazards
+
+
+def backbone_logits(params: Params, cfg: "ModelConfig", ids: jax.Array) -> jax.Array:
+    """Plain Qwen3 forward (prelude, core once at depth 0, coda, final norm, head) -> fp32 ``[T, V]``.
+
+    No looping: this is exactly ``Qwen3ForCausalLM`` over all layers in order, for backbone parity.
+    """
+    t = ids.shape[0]
+    cache = init_cache(cfg, t, params["embed"].dtype)
+    positions = jnp.arange(t, dtype=jnp.int32)
+    start = jnp.int32(0)
+    h, cache = prelude(params, cfg, embed(params, ids), positions, cache, start)
+    h, cache = core_pass(params, cfg, h, positions, cache, start, jnp.int32(0))
+    r, _ = readout(params, cfg, h, positions, cache, start)
+    return lm_logits(params, r)

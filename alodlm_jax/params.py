@@ -1,0 +1,65 @@
+"""Moving the converter's numpy params pytree onto JAX devices.
+
+``alodlm_convert`` never imports jax, so it hands over numpy arrays (``ml_dtypes.bfloat16`` for bf16);
+this module turns them into jax arrays in the requested dtype. The exit gate stays fp32 whatever the
+model dtype (it is cast to the model dtype at use, as the portable decoder's ``F.linear`` does).
+
+A sharding hook is an optional callable ``(path, array) -> jax.sharding.Sharding | None``; ``path``
+is the tuple of pytree keys, e.g. ``("core", "q")``. ``None`` (or no hook) means the default device.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from alodlm_jax.model import Params, resolve_dtype
+
+ShardingHook = Callable[[tuple[str, ...], np.ndarray], Any]
+
+
+def _target_dtype(path: tuple[str, ...], array, dtype):
+    if path and path[0] == "gate":
+        return jnp.float32
+    if dtype is None or (isinstance(dtype, str) and dtype == "keep"):
+        return array.dtype
+    return resolve_dtype(dtype)
+
+
+def to_device(params: Params, dtype="keep", sharding: ShardingHook | None = None) -> Params:
+    """Numpy (or jax) params -> jax arrays; every tensor cast to ``dtype`` except the fp32 gate.
+
+    ``dtype`` is ``"fp32"``, ``"bf16"``, ``"keep"`` or a dtype. Casting happens on the host before
+    transfer, so a bf16 model never occupies fp32 device memory.
+    """
+
+    def convert(path, leaf):
+        keys = tuple(str(getattr(k, "key", k)) for k in path)
+        target = _target_dtype(keys, leaf, dtype)
+        host = np.asarray(leaf)
+        if host.dtype != target:
+            host = host.astype(target)
+        placement = sharding(keys, host) if sharding is not None else None
+        return jax.device_put(host, placement) if placement is not None else jnp.asarray(host)
+
+    return jax.tree_util.tree_map_with_path(convert, params)
+
+
+def load_model(model: str, dtype="bf16", sharding: ShardingHook | None = None, model_config_yaml=None):
+    """``(ModelConfig, jax params)`` from an HF checkpoint dir, a converted dir or a hub id.
+
+    Resolution (hub download when ``model`` is not a local directory) and validation are the
+    converter's; the arrays are cast to ``dtype`` (``"fp32"``, ``"bf16"`` or ``"keep"``).
+    """
+    from alodlm_convert.load import load_params
+
+    cfg, host_params = load_params(model, dtype, model_config_yaml=model_config_yaml)
+    return cfg, to_device(host_params, dtype, sharding)
+
+
+def param_count(params: Params) -> int:
+    """Total number of scalars in a params pytree."""
+    return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(params)))
