@@ -1,0 +1,31 @@
+"""Bundled offline defaults: a tiny random checkpoint and a sample suite covering every metric.
+
+Command-line tools accept these names wherever they take a path:
+
+* ``builtin:tiny`` — ``tiny_checkpoint/``, a random 3-layer ALoDLM in the reference's file format
+  (made with :mod:`alodlm_jax.testing.tiny_checkpoint`; its outputs are random words);
+* ``builtin:sample`` — ``sample_suite/tasks.jsonl``, a small suite with all eight metrics;
+* ``builtin:sample-predictions`` — ``sample_suite/predictions.jsonl``, predictions for it.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+DATA_DIR = pathlib.Path(__file__).resolve().parent
+BUILTINS = {
+    "builtin:tiny": DATA_DIR / "tiny_checkpoint",
+    "builtin:sample": DATA_DIR / "sample_suite" / "tasks.jsonl",
+    "builtin:sample-predictions": DATA_DIR / "sample_suite" / "predictions.jsonl",
+}
+
+
+def resolve_builtin(value: str | None) -> str | None:
+    """Maps a ``builtin:`` name to its bundled path; any other value is returned unchanged."""
+    if value is None or not value.startswith("builtin:"):
+        return value
+    try:
+        return str(BUILTINS[value])
+    except KeyError:
+        names = ", ".join(sorted(BUILTINS))
+        raise ValueError(f"unknown bundled name {value!r}; choose one of: {names}") from None
