@@ -1,0 +1,300 @@
+"""Evaluate local JSONL tasks: generate one completion per task with an alodlm-jax decoder and
+score it, or rescore existing local predictions without loading a model (--predictions).
+
+Writes predictions.jsonl (one line per task, in task order) and summary.json (per-benchmark
+percent scores, their unweighted macro average, suite wall time and tokens per second, and a
+protocol block) into --output, and prints the summary. Non-code metrics are scored in this process;
+code metrics in a pool of fresh Python interpreters (--workers). Rescore mode never imports JAX.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any, Mapping, Sequence, TextIO
+
+from absl import flags
+
+from alodlm_jax.cli.flags import run_command
+from alodlm_jax.config import ENGINE_NAMES, ENGINES, MODES, DecodeConfig
+
+PROG = "alodlm-jax-evaluate"
+FLAGS = flags.FlagValues()
+_PROTOCOL_FIELDS_FROM_GENERATOR = ("decoder", "precision", "device", "gpu", "device_kind",
+                                   "compile_seconds")
+
+flags.DEFINE_string("model", None, "Local model directory or Hugging Face model id. Required in "
+                    "generate mode; ignored with --predictions.", flag_values=FLAGS)
+flags.DEFINE_string("model_config", None, "YAML file whose `model` section builds the recurrence "
+                    "config for checkpoints without ALoDLM metadata.", flag_values=FLAGS)
+flags.DEFINE_enum("device", None, ["cpu", "cuda", "gpu", "tpu"], "JAX device to generate on "
+                  "(cuda and gpu both select JAX's GPU backend). Default: cuda when JAX sees a "
+                  "GPU, else cpu (decided only in generate mode).", flag_values=FLAGS)
+flags.DEFINE_enum("precision", "fp32", ["fp32", "bf16"], "Model weight and activation precision.",
+                  flag_values=FLAGS)
+flags.DEFINE_float("q", 0.5, "Cumulative halting threshold, in [0, 1].", flag_values=FLAGS)
+flags.DEFINE_float("tau", 0.4, "Entropy threshold for committing tokens, finite and >= 0.",
+                   flag_values=FLAGS)
+flags.DEFINE_enum("mode", "entropy", list(MODES), "Commit rule: entropy, or left1 (commit the "
+                  "leftmost token). Table 1 presets: 8B --mode left1 --q 0.5; 1.7B --q 0.4.",
+                  flag_values=FLAGS)
+flags.DEFINE_integer("window_size", 16, "Decoding window size in tokens (>= 1).", flag_values=FLAGS)
+flags.DEFINE_integer("max_new_tokens", 4096, "Generation budget per task in tokens (>= 1).",
+                     flag_values=FLAGS)
+flags.DEFINE_float("position_penalty", None, "Entropy penalty per window position, finite and "
+                   ">= 0. Default: 0.05 * tau.", flag_values=FLAGS)
+flags.DEFINE_string("input", None, "Task JSONL file (required): one fully formatted task per line.",
+                    flag_values=FLAGS)
+flags.DEFINE_string("output", None, "Output directory (required); must not already hold "
+                    "predictions.jsonl or summary.json unless --resume.", flag_values=FLAGS)
+flags.DEFINE_string("predictions", None, "Score existing local predictions without loading "
+                    "weights (rescore mode).", flag_values=FLAGS)
+flags.DEFINE_enum("engine", "portable", list(ENGINES), "Decoder engine for generate mode: "
+                  "portable (jitted passes, Python host loop) or compiled (one XLA while-loop "
+                  "program per shape bucket). Recorded as protocol.decoder.", flag_values=FLAGS)
+flags.DEFINE_integer("workers", os.cpu_count() or 1, "Number of fresh-interpreter workers that "
+                     "score code tasks in parallel (verdicts equal sequential scoring).",
+                     flag_values=FLAGS)
+flags.DEFINE_boolean("math_in_workers", True, "Rescore mode with --workers > 1: score math "
+                     "tasks in the worker pool too. Each worker scores on its own main thread, "
+                     "where math-verify's SIGALRM timeouts work, so verdicts are unchanged. "
+                     "Generate mode always scores math in this process.", flag_values=FLAGS)
+flags.DEFINE_boolean("overlap_scoring", False, "Generate mode: score code tasks in the pool "
+                     "while later tasks are generated. Off by default so that scoring never "
+                     "competes with the timed generation for the CPU.", flag_values=FLAGS)
+flags.DEFINE_boolean("resume", False, "Continue an interrupted run in --output: keep its "
+                     "predictions.jsonl rows (checked against the tasks), drop a torn last line, "
+                     "score the rest; the files equal an uninterrupted run's.", flag_values=FLAGS)
+flags.DEFINE_string("compilation_cache_dir", None, "Persistent JAX compilation cache directory "
+                    "(generate mode).", flag_values=FLAGS)
+flags.DEFINE_integer("batch_size", 1, "Tasks decoded together in generate mode (only 1 is "
+                     "supported for now).", flag_values=FLAGS)
+
+
+class CommandError(RuntimeError):
+    """A user-facing failure of this command (reported as one line, exit status 2)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Progress reporting (stderr)
+# --------------------------------------------------------------------------------------------
+
+
+class ProgressReporter:
+    """A progress bar on a terminal; otherwise a log line every ~10 s or ~10 % of the tasks."""
+
+    def __init__(self, stream: TextIO | None = None, *, label: str = "scored",
+                 interval_seconds: float = 10.0) -> None:
+        self.stream = stream or sys.stderr
+        self.label = label
+        self.interval = interval_seconds
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._start = time.monotonic()
+        self._first: int | None = None
+        self._last_time = 0.0
+        self._last_done = 0
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if self._first is None:  # the clock starts with scoring, after loading and warmup
+            self._start = now
+            self._first = done
+            self._last_done = done
+            self._last_time = now
+            if done:
+                self._line(f"resuming after {done}/{total} rows")
+            return
+        elapsed = max(now - self._start, 1e-9)
+        rate = (done - self._first) / elapsed
+        finished = done >= total
+        if self.tty:
+            if finished or now - self._last_time >= 0.1:
+                width = 30
+                filled = int(width * done / max(total, 1))
+                bar = "#" * filled + "." * (width - filled)
+                self.stream.write(f"\r[{bar}] {done}/{total} {self.label} ({rate:.1f}/s)")
+                if finished:
+                    self.stream.write("\n")
+                self.stream.flush()
+                self._last_time = now
+            return
+        step = max(100, total // 10)
+        if finished or now - self._last_time >= self.interval or done - self._last_done >= step:
+            self._line(f"{done}/{total} {self.label} ({rate:.1f}/s, {elapsed:.1f} s)")
+            self._last_time, self._last_done = now, done
+
+    def _line(self, text: str) -> None:
+        self.stream.write(f"{PROG}: {text}\n")
+        self.stream.flush()
+
+
+def benchmark_table(summary: Mapping[str, Any]) -> str:
+    """A short per-benchmark table for stderr."""
+    rows = [("benchmark", "examples", "correct", "score %", "tokens/s")]
+    for name, values in summary["benchmarks"].items():
+        rows.append((str(name), str(values["examples"]), str(values["correct"]),
+                     f"{values['score_percent']:.2f}", f"{values['tokens_per_second']:.1f}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
+                       for i, (cell, w) in enumerate(zip(row, widths))) for row in rows]
+    lines.append(
+        f"macro over {summary['benchmark_count']} benchmark(s): "
+        f"{summary['macro_score_percent']:.2f} %; suite wall {summary['suite_wall_seconds']:.3f} s; "
+        f"{summary['suite_tokens_per_second']:.1f} tokens/s"
+    )
+    failures = summary.get("protocol", {}).get("scoring_failures") or []
+    if failures:
+        lines.append(f"{len(failures)} task(s) scored incorrect by a scoring failure (see protocol)")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# The command
+# --------------------------------------------------------------------------------------------
+
+
+def default_device() -> str:
+    """``cuda`` when JAX's default backend is a GPU (``tpu`` on TPUs), else ``cpu``.
+
+    Imports JAX, so it is only called in generate mode.
+    """
+    import jax
+
+    backend = jax.default_backend()
+    return {"gpu": "cuda", "tpu": "tpu"}.get(backend, "cpu")
+
+
+def decode_config_from_flags() -> DecodeConfig:
+    return DecodeConfig(
+        q=FLAGS.q,
+        tau=FLAGS.tau,
+        window_size=FLAGS.window_size,
+        max_new_tokens=FLAGS.max_new_tokens,
+        position_penalty=FLAGS.position_penalty,
+        mode=FLAGS.mode,
+    )
+
+
+def build_generator(decode: DecodeConfig, device: str):
+    """The generate-mode generator from ``alodlm_jax.generate`` (imports JAX).
+
+    Contract: ``.warmup(prompt)``, ``.generate(prompt_text) -> result dict`` (§7.1 keys 1-15), and
+    ``.protocol_fields() -> dict`` with any of decoder, precision, device, gpu, device_kind,
+    compile_seconds.
+    """
+    try:
+        from alodlm_jax import generate as generation
+    except ModuleNotFoundError as error:
+        if error.name == "alodlm_jax.generate":
+            raise CommandError("generate mode is not available yet "
+                               "(alodlm_jax.generate is missing); rescore with --predictions") from None
+        raise
+    return generation.build_generator(
+        model=FLAGS.model,
+        model_config=FLAGS.model_config,
+        device=device,
+        precision=FLAGS.precision,
+        decode_config=decode,
+        engine=FLAGS.engine,
+        compilation_cache_dir=FLAGS.compilation_cache_dir,
+        batch_size=FLAGS.batch_size,
+    )
+
+
+def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConfig,
+                   progress) -> dict:
+    from alodlm_scoring import evaluation, outputs
+    from alodlm_scoring.tasks import sha256_file
+
+    if not FLAGS.model:
+        raise ValueError("--model is required for generation")
+    if FLAGS.batch_size != 1:
+        raise ValueError("--batch_size > 1 is not supported yet in generate mode")
+    device = FLAGS.device or default_device()
+    input_sha256 = sha256_file(FLAGS.input)
+    generator = build_generator(decode, device)
+    generator.warmup(tasks[0]["prompt"])
+
+    def rows(start: int):
+        for task in tasks[start:]:
+            yield generator.generate(task["prompt"])
+
+    def make_protocol(failures):
+        fields = {"decoder": ENGINE_NAMES[FLAGS.engine], "precision": FLAGS.precision,
+                  "device": device}
+        supplied = generator.protocol_fields() or {}
+        fields.update({k: v for k, v in supplied.items() if k in _PROTOCOL_FIELDS_FROM_GENERATOR})
+        return outputs.protocol_block(
+            input_sha256=input_sha256,
+            decode=decode.as_dict(),
+            timing=outputs.GENERATE_TIMING,
+            scoring_failures=failures,
+            **fields,
+        )
+
+    return evaluation.evaluate(
+        tasks, state, rows_source=rows, make_protocol=make_protocol,
+        workers=FLAGS.workers, progress=progress, overlap=FLAGS.overlap_scoring,
+    )
+
+
+def _rescore_mode(tasks: Sequence[Mapping[str, Any]], state, progress) -> dict:
+    from alodlm_scoring import evaluation
+
+    predictions = evaluation.load_predictions(FLAGS.predictions, tasks)
+    return evaluation.evaluate(
+        tasks,
+        state,
+        rows_source=evaluation.rescore_source(predictions),
+        make_protocol=evaluation.rescore_protocol(FLAGS.input, FLAGS.predictions),
+        workers=FLAGS.workers,
+        progress=progress,
+        check_existing_row=evaluation.rescore_row_checker(predictions) if state.resume else None,
+        pool_metrics=evaluation.rescore_pool_metrics(FLAGS.workers, FLAGS.math_in_workers),
+    )
+
+
+def _evaluate() -> int:
+    from alodlm_scoring.evaluation import prepare_output_directory
+    from alodlm_scoring.tasks import load_tasks
+
+    tasks = load_tasks(FLAGS.input)  # §6.2 step 1
+    state = prepare_output_directory(FLAGS.output, resume=FLAGS.resume)  # step 2
+    decode = decode_config_from_flags()  # step 3: validated in both modes, as the reference
+    if FLAGS.workers < 1:
+        raise ValueError("--workers must be at least 1")
+    if FLAGS.batch_size < 1:
+        raise ValueError("--batch_size must be at least 1")
+    progress = ProgressReporter(sys.stderr, label="rescored" if FLAGS.predictions else "evaluated")
+    if FLAGS.predictions is not None:  # step 4
+        summary = _rescore_mode(tasks, state, progress)
+    else:
+        summary = _generate_mode(tasks, state, decode, progress)
+    sys.stderr.write(benchmark_table(summary))
+    sys.stderr.flush()
+    print(json.dumps(summary, indent=2), flush=True)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command with ``argv`` (``sys.argv`` by default); returns the exit status."""
+    return run_command(
+        _evaluate,
+        prog=PROG,
+        description=__doc__,
+        flag_values=FLAGS,
+        argv=argv,
+        required=("input", "output"),
+        extra_errors=(CommandError,),
+    )
+
+
+def run() -> None:
+    """Console entry point ``alodlm-jax-evaluate``."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,155 @@
+"""Shared command-line plumbing for the ``alodlm-jax-*`` commands (absl flags).
+
+Two jobs:
+
+* :func:`normalize_argv` accepts the reference's dash spellings (``--max-new-tokens``,
+  ``--window-size``, ``--position-penalty``, ``--model-config``, …) as well as absl's underscore
+  names, by rewriting known flag names before absl parses them;
+* :func:`run_command` parses flags into a private ``FlagValues`` (so several commands can be
+  imported into one process, e.g. by tests), prints help, and turns expected user errors into one
+  line ``<prog>: error: <message>`` on stderr with exit status 2 — no traceback (SCORING.md D8).
+
+This module imports no JAX.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from typing import Callable, Sequence
+
+from absl import flags
+
+__all__ = ["USER_ERRORS", "normalize_argv", "parse_flags", "run_command", "error_line"]
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    errors: list[type[BaseException]] = [
+        ValueError,  # includes TaskFileError and json.JSONDecodeError
+        KeyError,
+        FileExistsError,
+        FileNotFoundError,
+        NotADirectoryError,
+        IsADirectoryError,
+        PermissionError,
+        json.JSONDecodeError,
+        UnicodeDecodeError,
+    ]
+    try:
+        from alodlm_scoring.isolation import WorkerError
+
+        errors.append(WorkerError)
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(errors)
+
+
+USER_ERRORS = _user_errors()
+
+
+class UsageError(Exception):
+    """A command-line usage problem (unknown flag, missing required flag, bad value)."""
+
+
+def normalize_argv(argv: Sequence[str], flag_values: flags.FlagValues) -> list[str]:
+    """Rewrite ``--some-flag`` to ``--some_flag`` for flags defined in ``flag_values``.
+
+    Only the name part before ``=`` is touched, and only when the underscore spelling (or its
+    ``--no`` boolean negation) is a defined flag; values and positional arguments are untouched.
+    Everything after a bare ``--`` is left alone.
+    """
+    known = set(flag_values)
+    result = [argv[0]] if argv else []
+    passthrough = False
+    for argument in argv[1:]:
+        if passthrough or not argument.startswith("--") or argument == "--":
+            passthrough = passthrough or argument == "--"
+            result.append(argument)
+            continue
+        name, sep, value = argument[2:].partition("=")
+        candidate = name.replace("-", "_")
+        if candidate in known:
+            argument = "--" + candidate + sep + value
+        elif candidate.startswith("no") and candidate[2:].lstrip("_") in known:
+            argument = "--no" + candidate[2:].lstrip("_") + sep + value  # --no-resume
+        result.append(argument)
+    return result
+
+
+def error_line(prog: str, message: object) -> str:
+    """The one-line error report: ``<prog>: error: <first line of message>``."""
+    text = str(message).strip() or type(message).__name__
+    if isinstance(message, KeyError) and len(message.args) == 1:
+        text = f"missing key {message.args[0]!r}"
+    first = text.splitlines()[0] if text else text
+    return f"{prog}: error: {first}"
+
+
+def parse_flags(argv: Sequence[str], flag_values: flags.FlagValues,
+                required: Sequence[str] = ()) -> list[str]:
+    """Parse ``argv`` (dash spellings accepted) into ``flag_values``; raise UsageError on misuse."""
+    flag_values.unparse_flags()  # a previous in-process run must not leak values into this one
+    try:
+        remaining = flag_values(normalize_argv(argv, flag_values))
+    except flags.Error as error:
+        raise UsageError(str(error)) from None
+    if len(remaining) > 1:
+        raise UsageError(f"unrecognized arguments: {' '.join(remaining[1:])}")
+    missing = [name for name in required if flag_values[name].value is None]
+    if missing:
+        raise UsageError(
+            "the following arguments are required: " + ", ".join(f"--{name}" for name in missing)
+        )
+    return remaining
+
+
+def _help_text(prog: str, description: str, flag_values: flags.FlagValues) -> str:
+    lines = [f"usage: {prog} [flags]", "", description.strip(), "", "flags:"]
+    unique = {id(flag_values[name]): flag_values[name] for name in flag_values}
+    for flag in sorted(unique.values(), key=lambda f: f.name):
+        spelled = flag.name.replace("_", "-")
+        names = f"--{flag.name}" + (f" (or --{spelled})" if spelled != flag.name else "")
+        default = "" if flag.default is None else f" (default: {flag.default!r})"
+        lines.append(f"  {names}{default}")
+        lines.extend(textwrap.wrap(flag.help or "", width=96, initial_indent="      ",
+                                   subsequent_indent="      "))
+    return "\n".join(lines) + "\n"
+
+
+def run_command(
+    main: Callable[[], int | None],
+    *,
+    prog: str,
+    description: str,
+    flag_values: flags.FlagValues,
+    argv: Sequence[str] | None = None,
+    required: Sequence[str] = (),
+    extra_errors: tuple[type[BaseException], ...] = (),
+    module_name: str | None = None,
+) -> int:
+    """Parse flags and run ``main()``; expected errors become one stderr line and status 2.
+
+    Returns the exit status (0 on success) instead of exiting, so tests can call it in-process.
+    ``flag_values`` should be the command's own ``FlagValues``; help lists all of its flags
+    (``module_name`` is accepted for compatibility and ignored).
+    """
+    argv = list(sys.argv if argv is None else argv)
+    if any(arg in ("-h", "--help", "--helpshort", "--helpfull", "-help") for arg in argv[1:]):
+        sys.stdout.write(_help_text(prog, description, flag_values))
+        return 0
+    try:
+        parse_flags(argv, flag_values, required)
+    except UsageError as error:
+        print(error_line(prog, error), file=sys.stderr, flush=True)
+        return 2
+    try:
+        status = main()
+    except USER_ERRORS + tuple(extra_errors) as error:
+        message = error.summary_line() if hasattr(error, "summary_line") else error
+        print(error_line(prog, message), file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+        return 130
+    return int(status or 0)

@@ -1,0 +1,513 @@
+"""The evaluation flow shared by generate and rescore modes (SCORING.md §6, §7; D3, D8).
+
+The flow, as functions the command line strings together:
+
+1. ``load_tasks`` (``alodlm_scoring.tasks``);
+2. :func:`prepare_output_directory` — create the directory; refuse one that already holds
+   ``predictions.jsonl`` or ``summary.json`` unless resuming;
+3. (the command validates the decoding configuration, in both modes);
+4. rescore mode: :func:`load_predictions` validates *every* supplied row before anything is written
+   (D8) and :func:`rescore_source` feeds them; generate mode: the generator feeds result dicts;
+5. :func:`evaluate` scores each task in task order — non-code metrics on the calling (main)
+   thread, because math-verify's timeouts need ``SIGALRM``; code metrics in the fresh-interpreter
+   pool, concurrently (when rescoring with two or more workers, math too: each worker scores on its
+   own main thread) — and writes each row as soon as it and every row before it are scored, so
+   ``predictions.jsonl`` is always a prefix of the final file, one write per row;
+6. aggregate, protocol block, atomic ``summary.json``.
+
+``--resume`` continues a killed run: the existing rows must be a prefix of what the run would
+write (checked against the tasks, and in rescore mode against what rescoring writes); a torn final
+line is cut off; the rest is scored; the files come out byte-identical to an uninterrupted run. D3
+failures are logged, one JSON line each, to ``scoring_failures.jsonl`` (created only when a failure
+happens) so that a resumed run can still report them in ``protocol.scoring_failures``.
+
+No JAX here: rescoring must not load an accelerator runtime.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import io
+import json
+import math
+import os
+from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Sequence
+
+from . import outputs
+from .errors import TaskFileError
+from .isolation import Outcome, ScoringPool, is_code_task
+from .tasks import CODE_METRICS, sha256_file, task_key
+
+__all__ = [
+    "PREDICTIONS_FILE",
+    "SUMMARY_FILE",
+    "FAILURES_FILE",
+    "PREDICTION_FIELDS",
+    "OutputState",
+    "prepare_output_directory",
+    "load_predictions",
+    "rescore_source",
+    "rescore_row_checker",
+    "rescore_protocol",
+    "evaluate",
+    "rescore",
+    "rescore_pool_metrics",
+]
+
+PREDICTIONS_FILE = "predictions.jsonl"
+SUMMARY_FILE = "summary.json"
+FAILURES_FILE = "scoring_failures.jsonl"
+PREDICTION_FIELDS = ("benchmark", "id", "text", "generated_tokens", "wall_seconds")
+FRESH_DIRECTORY_MESSAGE = "Use a fresh evaluation output directory"
+INVALID_TIMING_MESSAGE = "Invalid timing or token count in prediction"
+# How many scored-but-unwritten rows may wait behind a slow code task before the main thread
+# stops producing more (bounds memory; the pool stays busy well below this).
+_MAX_PENDING_ROWS = 4096
+
+ScoreFunction = Callable[[Mapping[str, Any], str], "tuple[bool, str | None]"]
+RowsSource = Callable[[int], Iterable[Mapping[str, Any]]]
+RowChecker = Callable[[int, Mapping[str, Any], str], None]
+Progress = Callable[[int, int], None]
+
+
+# --------------------------------------------------------------------------------------------
+# Output directory
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class OutputState:
+    """The output directory and, when resuming, what a previous run left in it."""
+
+    directory: str
+    resume: bool
+    existing_lines: list[str]  # complete rows already in predictions.jsonl (each ends "\n")
+    complete_bytes: int  # length of those lines in bytes; anything after is a torn line
+    file_exists: bool
+    existing_failures: list[dict]
+    summary_exists: bool
+
+    @property
+    def predictions_path(self) -> str:
+        return os.path.join(self.directory, PREDICTIONS_FILE)
+
+    @property
+    def summary_path(self) -> str:
+        return os.path.join(self.directory, SUMMARY_FILE)
+
+    @property
+    def failures_path(self) -> str:
+        return os.path.join(self.directory, FAILURES_FILE)
+
+
+def prepare_output_directory(directory: str | os.PathLike, *, resume: bool = False) -> OutputState:
+    """Create the output directory (with parents) and check that it may be written (§6.2 step 2).
+
+    Without ``resume`` a directory holding ``predictions.jsonl`` or ``summary.json`` is refused with
+    the reference's ``FileExistsError``. With ``resume`` the complete lines of an existing
+    ``predictions.jsonl`` are read (nothing is modified yet).
+    """
+    directory = os.fspath(directory)
+    os.makedirs(directory, exist_ok=True)
+    state = OutputState(directory, resume, [], 0, False, [], False)
+    state.file_exists = os.path.exists(state.predictions_path)
+    state.summary_exists = os.path.exists(state.summary_path)
+    if not resume:
+        for path in (state.predictions_path, state.summary_path):
+            if os.path.exists(path):
+                raise FileExistsError(f"{FRESH_DIRECTORY_MESSAGE}: {path} already exists "
+                                      "(pass --resume to continue an interrupted run)")
+        return state
+    if state.file_exists:
+        with open(state.predictions_path, "rb") as handle:
+            data = handle.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        state.complete_bytes = len(complete)
+        state.existing_lines = [line + "\n" for line in complete.decode("utf-8").split("\n")[:-1]]
+    elif state.summary_exists:
+        raise FileExistsError(f"{FRESH_DIRECTORY_MESSAGE}: {state.summary_path} exists without "
+                              f"{PREDICTIONS_FILE}; cannot resume")
+    if os.path.exists(state.failures_path):
+        with open(state.failures_path, "rb") as handle:
+            data = handle.read()
+        for line in data[: data.rfind(b"\n") + 1].decode("utf-8").splitlines():
+            state.existing_failures.append(json.loads(line))
+    return state
+
+
+# --------------------------------------------------------------------------------------------
+# Rescore mode (§6.3, D8)
+# --------------------------------------------------------------------------------------------
+
+
+def load_predictions(path: str | os.PathLike, tasks: Sequence[Mapping[str, Any]]) -> list[dict]:
+    """Read and validate a predictions file; return its rows in task order.
+
+    Every line is JSON-parsed (a blank line is an error; a final newline is fine), keys are
+    ``(benchmark, str(id))``, duplicates and a key set different from the tasks' are refused, and —
+    unlike the reference, whose per-row checks are lazy (D8) — every row's ``text``, ``wall_seconds``
+    and ``generated_tokens`` is checked here, before any output is written. Errors are
+    :class:`TaskFileError` naming file, line and field, with the reference's message text.
+    """
+    file = os.fspath(path)
+    with open(file, "rb") as handle:
+        data = handle.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise TaskFileError(f"not valid UTF-8: {error.reason}", file=file, line=line) from None
+    rows: dict[tuple, tuple[int, dict]] = {}
+    loads = json.loads
+    for number, line in enumerate(_lines(text), start=1):
+        try:
+            row = loads(line)
+        except json.JSONDecodeError as error:
+            raise TaskFileError(f"invalid JSON: {error}", file=file, line=number) from None
+        if type(row) is not dict or "benchmark" not in row or "id" not in row:
+            _refuse_row_shape(row, file, number)
+        key = (row["benchmark"], str(row["id"]))  # task_key, inlined: this loop is hot
+        if key in rows:
+            raise TaskFileError(f"Duplicate prediction {key!r}", field="id", file=file,
+                                line=number)
+        rows[key] = (number, row)
+    task_keys = [task_key(task) for task in tasks]
+    if len(task_keys) != len(rows) or any(key not in rows for key in task_keys):
+        missing = [key for key in task_keys if key not in rows]
+        wanted = set(task_keys)
+        extra = [key for key in rows if key not in wanted]
+        detail = "; ".join(
+            f"{label} {len(keys)} (e.g. {keys[0]!r})"
+            for label, keys in (("missing", missing), ("unexpected", extra)) if keys
+        )
+        raise TaskFileError(f"Prediction IDs must match the complete task set: {detail}", file=file)
+    ordered = []
+    for key in task_keys:
+        number, row = rows[key]
+        if not _valid_prediction_row(row):
+            _check_prediction_row(row, {"file": file, "line": number})
+        ordered.append(row)
+    return ordered
+
+
+def _refuse_row_shape(row: Any, file: str, number: int) -> None:
+    where = {"file": file, "line": number}
+    if not isinstance(row, dict):
+        raise TaskFileError(
+            f"each prediction line must be a JSON object, got {type(row).__name__}", **where
+        )
+    for field in ("benchmark", "id"):
+        if field not in row:
+            raise TaskFileError("missing required field (KeyError)", field=field, **where)
+
+
+def _valid_prediction_row(row: Mapping[str, Any]) -> bool:
+    """Fast check of the common case; :func:`_check_prediction_row` explains a failure."""
+    try:
+        seconds, tokens, text = row["wall_seconds"], row["generated_tokens"], row["text"]
+    except KeyError:
+        return False
+    return (
+        type(text) is str
+        and isinstance(tokens, int) and tokens >= 0
+        and isinstance(seconds, (int, float)) and seconds > 0 and math.isfinite(seconds)
+    )
+
+
+def _lines(text: str) -> list[str]:
+    """Lines as Python's text mode reads them (universal newlines), without the final empty
+    string of a file that ends with a newline. ``split`` is the fast path for ``\n`` files."""
+    if "\r" in text:
+        return list(io.StringIO(text, newline=None))
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def _check_prediction_row(row: Mapping[str, Any], where: dict) -> None:
+    for field in ("text", "generated_tokens", "wall_seconds"):
+        if field not in row:
+            raise TaskFileError("missing required field (KeyError)", field=field, **where)
+    seconds = row["wall_seconds"]
+    if not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or not seconds > 0:
+        raise TaskFileError(INVALID_TIMING_MESSAGE, field="wall_seconds", **where)
+    tokens = row["generated_tokens"]
+    if not isinstance(tokens, int) or tokens < 0:  # JSON booleans pass, as in the reference
+        raise TaskFileError(INVALID_TIMING_MESSAGE, field="generated_tokens", **where)
+    if not isinstance(row["text"], str):
+        raise TaskFileError("prediction text must be a string", field="text", **where)
+
+
+def rescore_source(predictions: Sequence[Mapping[str, Any]]) -> RowsSource:
+    """Rows for :func:`evaluate` in rescore mode: copies of the supplied rows, from ``start``."""
+
+    def rows(start: int) -> Iterator[Mapping[str, Any]]:
+        # No copy: rows are only read (``prediction_row`` builds a new dict).
+        for index in range(start, len(predictions)):
+            yield predictions[index]
+
+    return rows
+
+
+def rescore_row_checker(predictions: Sequence[Mapping[str, Any]],
+                        score: ScoreFunction | None = None) -> RowChecker:
+    """For ``--resume`` in rescore mode: an existing row must equal what rescoring writes.
+
+    Non-code rows are rescored (cheap) and compared byte for byte. Code rows are not re-executed;
+    everything but the verdict is compared byte for byte and the verdict must be a boolean with
+    ``extracted`` null.
+    """
+    if score is None:
+        from .metrics import score as default_score
+
+        score = default_score
+
+    def check(index: int, task: Mapping[str, Any], line: str) -> None:
+        if is_code_task(task):
+            existing = json.loads(line)
+            correct = existing.get("correct")
+            if not isinstance(correct, bool):
+                raise ValueError("verdict is not a boolean")
+            extracted = None
+        else:
+            correct, extracted = score(task, predictions[index]["text"])
+        expected = outputs.row_line(outputs.prediction_row(predictions[index], task, correct, extracted))
+        if expected != line:
+            raise ValueError("row differs from what rescoring writes")
+
+    return check
+
+
+def rescore_protocol(input_path: str | os.PathLike,
+                     predictions_path: str | os.PathLike) -> Callable[[Sequence[dict]], dict]:
+    """The protocol block of a rescore run (§7.4), given the D3 failures at the end."""
+    input_sha256 = sha256_file(input_path)
+    predictions_sha256 = sha256_file(predictions_path)
+
+    def make(failures: Sequence[dict]) -> dict:
+        return outputs.protocol_block(
+            decoder=outputs.RESCORE_DECODER,
+            input_sha256=input_sha256,
+            decode=None,
+            precision=None,
+            device=None,
+            timing=outputs.RESCORE_TIMING,
+            predictions_sha256=predictions_sha256,
+            scoring_failures=failures,
+        )
+
+    return make
+
+
+# --------------------------------------------------------------------------------------------
+# Scoring and writing
+# --------------------------------------------------------------------------------------------
+
+
+def _aggregate_fields(row: Mapping[str, Any]) -> dict:
+    """The four fields the summary needs (rows themselves are not kept in memory)."""
+    return {key: row[key] for key in ("benchmark", "correct", "wall_seconds", "generated_tokens")}
+
+
+def _same_id(a: Any, b: Any) -> bool:
+    return json.dumps(a) == json.dumps(b)
+
+
+def _resume_prefix(state: OutputState, tasks: Sequence[Mapping[str, Any]],
+                   check_existing_row: RowChecker | None) -> list[dict]:
+    """Validate the rows a previous run wrote; return them parsed."""
+    if len(state.existing_lines) > len(tasks):
+        raise ValueError(f"cannot resume: {state.predictions_path} has more rows "
+                         f"({len(state.existing_lines)}) than there are tasks ({len(tasks)})")
+    rows = []
+    for index, line in enumerate(state.existing_lines):
+        where = f"cannot resume: {state.predictions_path}:{index + 1}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{where}: invalid JSON: {error}") from None
+        task = tasks[index]
+        if not isinstance(row, dict) or row.get("benchmark") != task["benchmark"] or not _same_id(
+            row.get("id"), task["id"]
+        ):
+            raise ValueError(f"{where}: row does not belong to task {task_key(task)!r} "
+                             "(was the run started with other inputs?)")
+        if check_existing_row is not None:
+            try:
+                check_existing_row(index, task, line)
+            except Exception as error:
+                raise ValueError(f"{where}: {error}") from None
+        rows.append(row)
+    return rows
+
+
+def _reset_to_prefix(state: OutputState, rows: Sequence[Mapping[str, Any]]) -> list[dict]:
+    """Cut a torn final line off predictions.jsonl and keep only the failures of kept rows."""
+    if state.file_exists:
+        with open(state.predictions_path, "r+b") as handle:
+            handle.truncate(state.complete_bytes)
+    kept_keys = {task_key(row) for row in rows}
+    failures = [f for f in state.existing_failures if task_key(f) in kept_keys]
+    if failures:
+        with open(state.failures_path, "w", encoding="utf-8") as handle:
+            handle.writelines(outputs.row_line(f) for f in failures)
+    elif os.path.exists(state.failures_path):
+        os.unlink(state.failures_path)
+    return failures
+
+
+def evaluate(
+    tasks: Sequence[Mapping[str, Any]],
+    state: OutputState,
+    *,
+    rows_source: RowsSource,
+    make_protocol: Callable[[Sequence[dict]], dict],
+    workers: int | None = None,
+    progress: Progress | None = None,
+    check_existing_row: RowChecker | None = None,
+    score: ScoreFunction | None = None,
+    pool: ScoringPool | None = None,
+    pool_metrics: Collection[str] = CODE_METRICS,
+    overlap: bool = True,
+) -> dict:
+    """Score every task, write ``predictions.jsonl`` and ``summary.json``; return the summary.
+
+    ``rows_source(start)`` yields the result dict for ``tasks[start]``, ``tasks[start + 1]``, … in
+    order (the decoder's result in generate mode, a supplied row in rescore mode); its ``"text"``
+    is scored. ``make_protocol(failures)`` builds the protocol block at the end. Non-code tasks are
+    scored on the calling thread with ``score``; code tasks in ``pool`` (or a pool of ``workers``
+    fresh-interpreter workers started on demand). ``pool_metrics`` names the metrics sent to the
+    pool: the code metrics, plus ``math`` when rescoring in parallel (each worker scores on its
+    own main thread, where math-verify's ``SIGALRM`` timeouts work, so verdicts are unchanged).
+    With ``overlap=False`` every queued task is finished before the next result is requested, so
+    scoring never runs while the generator is being timed (generate mode's default).
+    """
+    if score is None:
+        from .metrics import score as default_score
+
+        score = default_score
+    existing = _resume_prefix(state, tasks, check_existing_row) if state.resume else []
+    failures = _reset_to_prefix(state, existing) if state.resume else []
+    aggregated = [_aggregate_fields(row) for row in existing]
+    start = len(existing)
+    if progress is not None:
+        progress(start, len(tasks))
+    if start < len(tasks):
+        owned_pool = pool is None
+        active_pool = ScoringPool(workers) if owned_pool else pool
+        try:
+            with outputs.RowWriter(state.predictions_path, append=state.file_exists) as writer:
+                _score_and_write(
+                    tasks, start, rows_source(start), score, active_pool, writer, state,
+                    aggregated, failures, progress, frozenset(pool_metrics), overlap,
+                )
+        except BaseException:
+            if owned_pool:
+                active_pool.close(kill=True)
+            raise
+        if owned_pool:
+            active_pool.close()
+    summary = outputs.aggregate(aggregated)
+    summary["protocol"] = make_protocol(failures)
+    outputs.write_summary(state.summary_path, summary)
+    return summary
+
+
+def _score_and_write(tasks, start, results, score, pool, writer, state, aggregated, failures,
+                     progress, pool_metrics, overlap=True) -> None:
+    """Score ``tasks[start:]`` in order; write each row once it and all earlier rows are scored.
+
+    Non-code tasks are scored here, on the calling thread; code tasks go to the pool and their
+    futures wait in ``pending`` (with any later rows) until they resolve.
+    """
+    pending: collections.deque = collections.deque()
+    results = iter(results)
+    total = len(tasks)
+    make_row = outputs.prediction_row
+
+    def emit(task, result, correct, extracted, failure) -> None:
+        if failure is not None:
+            record = {"benchmark": task["benchmark"], "id": task["id"], "reason": failure}
+            with open(state.failures_path, "a", encoding="utf-8") as handle:
+                handle.write(outputs.row_line(record))
+            failures.append(record)
+        row = make_row(result, task, correct, extracted)
+        writer.write(row)
+        aggregated.append({"benchmark": row["benchmark"], "correct": row["correct"],
+                           "wall_seconds": row["wall_seconds"],
+                           "generated_tokens": row["generated_tokens"]})
+        if progress is not None:
+            progress(len(aggregated), total)
+
+    def write_front() -> None:
+        task, result, outcome = pending.popleft()
+        if not isinstance(outcome, Outcome):
+            outcome = outcome.result()
+        emit(task, result, outcome.correct, outcome.extracted, outcome.failure)
+
+    for index in range(start, total):
+        task = tasks[index]
+        if not overlap:
+            while pending:
+                write_front()
+        try:
+            result = next(results)
+        except StopIteration:
+            raise RuntimeError(f"no result for task {index + 1} {task_key(task)!r}") from None
+        generation = result["text"]
+        if task["metric"] in pool_metrics:
+            pending.append((task, result, pool.submit(task, generation)))
+        elif not pending:  # fast path: nothing queued ahead, write at once
+            correct, extracted = score(task, generation)
+            emit(task, result, correct, extracted, None)
+            continue
+        else:
+            pending.append((task, result, Outcome(*score(task, generation))))
+        while pending and (isinstance(pending[0][2], Outcome) or pending[0][2].done()
+                           or len(pending) > _MAX_PENDING_ROWS):
+            write_front()
+    while pending:
+        write_front()
+
+
+def rescore(
+    input_path: str | os.PathLike,
+    predictions_path: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    *,
+    resume: bool = False,
+    workers: int | None = None,
+    progress: Progress | None = None,
+    tasks: Sequence[Mapping[str, Any]] | None = None,
+    state: OutputState | None = None,
+    math_in_pool: bool = True,
+) -> dict:
+    """The whole rescore-mode flow (§6.2 without the decoding-flag check, §6.3) as one call.
+
+    With more than one worker and ``math_in_pool``, math tasks are scored in the pool as well.
+    """
+    from .tasks import load_tasks
+
+    if tasks is None:
+        tasks = load_tasks(input_path)
+    if state is None:
+        state = prepare_output_directory(output_dir, resume=resume)
+    predictions = load_predictions(predictions_path, tasks)
+    return evaluate(
+        tasks,
+        state,
+        rows_source=rescore_source(predictions),
+        make_protocol=rescore_protocol(input_path, predictions_path),
+        workers=workers,
+        progress=progress,
+        check_existing_row=rescore_row_checker(predictions) if state.resume else None,
+        pool_metrics=rescore_pool_metrics(workers, math_in_pool),
+    )
+
+
+def rescore_pool_metrics(workers: int | None, math_in_pool: bool = True) -> tuple[str, ...]:
+    """Metrics scored in the pool when rescoring: code, plus math with a pool of two or more."""
+    size = (os.cpu_count() or 1) if workers is None else workers
+    return CODE_METRICS + ("math",) if math_in_pool and size > 1 else CODE_METRICS

@@ -1,0 +1,427 @@
+"""A pool of fresh-interpreter workers that score code tasks (SCORING.md §5.5, D3, D6).
+
+Each worker is ``python -m alodlm_scoring.worker`` started with ``subprocess.Popen`` of
+``sys.executable`` — a new interpreter, never a fork of the evaluator, which may have JAX loaded.
+Workers are long-lived (one import of the scorers per worker instead of one per task) and lead their
+own session, so a worker and everything it started can be killed as one process group.
+
+Verdicts equal sequential scoring: every task is scored by the same ``score`` function, each
+program still runs in its own child (``python -I check.py`` or evalplus's checker), and only the
+scheduling differs. Results are returned as futures; the caller writes rows in task order.
+
+Failure handling, per SCORING.md:
+
+* a worker exceeding the parent-side timeout (evalplus ``30 + 70 * suites`` s, python_tests
+  ``30 + timeout_seconds`` s) is killed with its process group, the task scores ``correct: false,
+  extracted: null`` with reason ``"code_scoring_timeout"``, a warning goes to stderr, and a new
+  worker replaces it (D3);
+* a worker that dies while scoring (a program killed its parent, say) is handled the same way
+  with reason ``"code_scoring_worker_died"`` (a project extension: the reference aborts the run);
+* an exception inside the worker (the validation errors of §2.3) is fatal: ``RuntimeError``
+  "Isolated code scoring failed: " + the worker's traceback;
+* ``EVALPLUS_TIMEOUT_PER_TASK`` is removed from the workers' environment with one warning (D3).
+
+The pool can also score math (rescore mode, for throughput): a worker scores on its own main
+thread, where math-verify's ``SIGALRM`` timeouts work; its validation errors are re-raised with
+their own type, as in-process scoring raises them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import math
+import os
+import queue
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any, Callable, Mapping, TextIO
+
+from .tasks import CODE_METRICS
+
+__all__ = [
+    "Outcome",
+    "ScoringPool",
+    "WorkerError",
+    "parent_timeout",
+    "score_isolated",
+    "worker_environment",
+    "TIMEOUT_REASON",
+    "DIED_REASON",
+]
+
+TIMEOUT_REASON = "code_scoring_timeout"
+DIED_REASON = "code_scoring_worker_died"
+NON_CODE_TIMEOUT_REASON = "scoring_timeout"
+# Non-code tasks sent to the pool (math, when rescoring in parallel): math-verify bounds each
+# parse and comparison with 5 s alarms, so a minute means the worker is stuck.
+NON_CODE_TIMEOUT_SECONDS = 60.0
+# Exceptions of non-code scoring re-raised with their own type (they are the reference's
+# validation errors, raised in-process by the reference), not wrapped as isolated-code failures.
+_RERAISED = {"ValueError": ValueError, "KeyError": KeyError, "TypeError": TypeError}
+EVALPLUS_TIMEOUT_VARIABLE = "EVALPLUS_TIMEOUT_PER_TASK"
+EVALPLUS_TIMEOUT_WARNING = (
+    "warning: {name}={value!r} ignored: evalplus 0.3.1 cannot read it; its default 60 s cap applies"
+)
+WORKER_MODULE = "alodlm_scoring.worker"
+_READY_TIMEOUT_SECONDS = 120.0
+_FAILURE_PREFIX = "Isolated code scoring failed: "
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """A scored task: the verdict, and the D3 reason when it was scored incorrect by force."""
+
+    correct: bool
+    extracted: str | None
+    failure: str | None = None
+
+
+class WorkerError(RuntimeError):
+    """A worker reported an exception: fatal, "Isolated code scoring failed: " + traceback."""
+
+    def __init__(self, traceback_text: str, error_type: str | None = None,
+                 message: str | None = None) -> None:
+        self.traceback_text = traceback_text
+        self.error_type = error_type
+        self.error_message = message
+        super().__init__(_FAILURE_PREFIX + traceback_text)
+
+    def summary_line(self) -> str:
+        """One line for the command line: the prefix plus the worker's final exception line."""
+        if self.error_type is not None:
+            return f"{_FAILURE_PREFIX}{self.error_type}: {self.error_message}"
+        last = [line for line in self.traceback_text.strip().splitlines() if line.strip()]
+        return _FAILURE_PREFIX + (last[-1].strip() if last else "worker failed")
+
+
+def parent_timeout(record: Mapping[str, Any]) -> float:
+    """Parent-side timeout of one code task: evalplus ``30 + 70 * suites``; python_tests
+    ``30 + timeout_seconds`` (default 10).
+
+    Malformed values fall back to the defaults; the worker then reports the validation error.
+    Non-code tasks (math scored in the pool) get ``NON_CODE_TIMEOUT_SECONDS``.
+    """
+    if record.get("metric") not in CODE_METRICS:
+        return NON_CODE_TIMEOUT_SECONDS
+    if record.get("metric") == "evalplus":
+        try:
+            suites = len(record["code_tests"]["suites"])
+        except (KeyError, TypeError):
+            suites = 1
+        return 30.0 + 70.0 * max(suites, 1)
+    try:
+        seconds = float(record.get("timeout_seconds", 10))
+    except (TypeError, ValueError):
+        seconds = 10.0
+    if not math.isfinite(seconds) or seconds <= 0:
+        seconds = 10.0
+    return 30.0 + seconds
+
+
+def worker_environment(environ: Mapping[str, str] | None = None,
+                       stderr: TextIO | None = None) -> dict[str, str]:
+    """The workers' environment: ``environ`` without ``EVALPLUS_TIMEOUT_PER_TASK`` (D3).
+
+    Prints the one start-up warning when the variable was set.
+    """
+    env = dict(os.environ if environ is None else environ)
+    value = env.pop(EVALPLUS_TIMEOUT_VARIABLE, None)
+    if value is not None:
+        print(EVALPLUS_TIMEOUT_WARNING.format(name=EVALPLUS_TIMEOUT_VARIABLE, value=value),
+              file=stderr or sys.stderr, flush=True)
+    return env
+
+
+class _Timeout(Exception):
+    pass
+
+
+class _Died(Exception):
+    pass
+
+
+class _Worker:
+    """One worker process plus its scratch directory (its TMPDIR and working directory)."""
+
+    def __init__(self, scratch_root: str, env: Mapping[str, str]) -> None:
+        self.directory = tempfile.mkdtemp(prefix="worker-", dir=scratch_root)
+        self._stderr_path = os.path.join(self.directory, "worker.stderr")
+        env = dict(env)
+        env["TMPDIR"] = self.directory
+        env["ALODLM_WORKER_SCRATCH"] = self.directory
+        with open(self._stderr_path, "wb") as stderr:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", WORKER_MODULE],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                cwd=self.directory,
+                env=env,
+                start_new_session=True,
+            )
+        self._buffer = b""
+        self._ready = False
+        self._startup_error: WorkerError | None = None
+
+    # -- protocol ------------------------------------------------------------------------------
+
+    def _read_line(self, deadline: float) -> bytes:
+        fd = self.process.stdout.fileno()
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise _Timeout()
+            readable, _, _ = select.select([fd], [], [], remaining)
+            if not readable:
+                raise _Timeout()
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                raise _Died()
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line
+
+    def _await_ready(self) -> None:
+        if self._ready:
+            return
+        if self._startup_error is not None:  # a worker that failed to start stays failed
+            raise self._startup_error
+        try:
+            line = self._read_line(time.monotonic() + _READY_TIMEOUT_SECONDS)
+        except (_Timeout, _Died):
+            self._startup_error = WorkerError(
+                "the scoring worker did not start: " + self.stderr_text().strip())
+        else:
+            if line.strip() != b'{"ready": true}':
+                self._startup_error = WorkerError(
+                    f"unexpected scoring worker greeting {line[:200]!r}")
+        if self._startup_error is not None:
+            self.kill()
+            raise self._startup_error
+        self._ready = True
+
+    def request(self, payload: bytes, timeout: float) -> Any:
+        """Send one request line and return the decoded reply; raises _Timeout or _Died."""
+        deadline = time.monotonic() + timeout
+        self._await_ready()
+        try:
+            self.process.stdin.write(payload)
+            self.process.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise _Died() from None
+        return json.loads(self._read_line(deadline))
+
+    def stderr_text(self) -> str:
+        try:
+            with open(self._stderr_path, "rb") as handle:
+                return handle.read()[-20000:].decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    # -- lifetime ------------------------------------------------------------------------------
+
+    def kill(self) -> None:
+        """Kill the worker, its process group and every descendant, then clean its directory."""
+        process = self.process
+        descendants = []
+        try:
+            import psutil
+
+            descendants = psutil.Process(process.pid).children(recursive=True)
+        except Exception:  # psutil missing, or the worker is already gone
+            pass
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for child in descendants:
+            try:
+                child.kill()
+            except Exception:
+                pass
+        try:
+            process.kill()
+        except ProcessLookupError:
+            pass
+        process.wait()
+        self._close_pipes()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def close(self) -> None:
+        """Ask the worker to exit (end of input); kill it if it lingers."""
+        try:
+            self.process.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        self.kill()
+
+    def _close_pipes(self) -> None:
+        for pipe in (self.process.stdin, self.process.stdout):
+            try:
+                pipe.close()
+            except OSError:
+                pass
+
+
+class ScoringPool:
+    """Scores tasks in ``workers`` fresh-interpreter workers; ``submit`` returns a future.
+
+    Workers start lazily, on the first submission. Use as a context manager (or call ``close``) so
+    that no worker outlives the evaluation.
+    """
+
+    def __init__(
+        self,
+        workers: int | None = None,
+        *,
+        environ: Mapping[str, str] | None = None,
+        stderr: TextIO | None = None,
+        timeout_for: Callable[[Mapping[str, Any]], float] | None = None,
+    ) -> None:
+        size = (os.cpu_count() or 1) if workers is None else int(workers)
+        if size < 1:
+            raise ValueError("The number of scoring workers must be at least 1")
+        self.size = size
+        self._stderr = stderr
+        self._env = worker_environment(environ, stderr)
+        self._timeout_for = timeout_for
+        self._scratch = None
+        self._idle: queue.SimpleQueue = queue.SimpleQueue()
+        self._workers: set[_Worker] = set()
+        self._lock = threading.Lock()
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._closed = False
+
+    # -- public API ----------------------------------------------------------------------------
+
+    def submit(self, record: Mapping[str, Any], generation: str) -> concurrent.futures.Future:
+        """Queue one task; the future yields an :class:`Outcome` or raises ``WorkerError``."""
+        if self._closed:
+            raise RuntimeError("the scoring pool is closed")
+        if self._executor is None:
+            self._start()
+        payload = json.dumps({"record": record, "generation": generation}).encode("utf-8") + b"\n"
+        return self._executor.submit(self._score, record, payload)
+
+    def score(self, record: Mapping[str, Any], generation: str) -> Outcome:
+        """Score one task and wait for it."""
+        return self.submit(record, generation).result()
+
+    def close(self, *, kill: bool = False) -> None:
+        """Stop every worker and remove the scratch directory.
+
+        Idle workers exit on end of input; with ``kill`` (used when the evaluation failed) busy
+        workers are killed at once instead of being waited for.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            workers, self._workers = list(self._workers), set()
+        for worker in workers:
+            if kill:
+                worker.kill()
+            else:
+                worker.close()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+
+    def __enter__(self) -> "ScoringPool":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(kill=exc_type is not None)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        self._scratch = tempfile.mkdtemp(prefix="alodlm-scoring-")
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            self.size, thread_name_prefix="alodlm-scoring"
+        )
+        for _ in range(self.size):
+            self._idle.put(self._new_worker())
+
+    def _new_worker(self) -> _Worker:
+        worker = _Worker(self._scratch, self._env)
+        with self._lock:
+            self._workers.add(worker)
+        return worker
+
+    def _retire(self, worker: _Worker) -> None:
+        with self._lock:
+            self._workers.discard(worker)
+        worker.kill()
+
+    def _score(self, record: Mapping[str, Any], payload: bytes) -> Outcome:
+        worker = self._idle.get()
+        replacement = worker
+        try:
+            timeout_for = self._timeout_for or parent_timeout
+            timeout = timeout_for(record)
+            try:
+                reply = worker.request(payload, timeout)
+            except _Timeout:
+                reason = TIMEOUT_REASON if is_code_task(record) else NON_CODE_TIMEOUT_REASON
+                detail = f"exceeded the parent-side timeout of {timeout:g} s"
+            except _Died:
+                reason = DIED_REASON
+                try:
+                    status = worker.process.wait(timeout=1)
+                except subprocess.TimeoutExpired:
+                    status = None
+                detail = f"ended its scoring worker (exit status {status})"
+            else:
+                if isinstance(reply, dict) and "error" in reply:
+                    error_type = _RERAISED.get(reply.get("type"))
+                    if error_type is not None and not is_code_task(record):
+                        raise error_type(reply.get("message"))
+                    raise WorkerError(reply["error"], reply.get("type"), reply.get("message"))
+                correct, extracted = reply
+                return Outcome(bool(correct), extracted)
+            self._retire(worker)
+            if self._closed:
+                replacement = None
+                return Outcome(False, None, reason)
+            replacement = self._new_worker()
+            print(
+                f"warning: code scoring of benchmark {record.get('benchmark')!r} id "
+                f"{record.get('id')!r} {detail}; scored incorrect ({reason})",
+                file=self._stderr or sys.stderr,
+                flush=True,
+            )
+            return Outcome(False, None, reason)
+        finally:
+            if replacement is not None:
+                self._idle.put(replacement)
+
+
+def is_code_task(record: Mapping[str, Any]) -> bool:
+    return record.get("metric") in CODE_METRICS
+
+
+def score_isolated(record: Mapping[str, Any], generation: str) -> tuple[bool, str | None]:
+    """Score one task in a fresh interpreter and return ``(correct, extracted)``.
+
+    The single-task counterpart of the reference's isolated scorer (SCORING.md §10.1 rows 20/21).
+    A D3 timeout returns ``(False, None)``; a worker exception raises :class:`WorkerError`.
+    """
+    with ScoringPool(1) as pool:
+        outcome = pool.score(record, generation)
+    return outcome.correct, outcome.extracted

@@ -1,0 +1,144 @@
+"""``--resume``: a killed rescoring run continued to files byte-identical to an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from alodlm_jax.cli import evaluate
+
+from . import suites
+
+PROG = "alodlm-jax-evaluate"
+SLOW_TESTS = "import time\ntime.sleep(0.3)\nassert identity(3) == 3"
+
+
+def _slow_suite(directory, count=8):
+    pairs = []
+    for i in range(count):
+        pairs.append((suites.python_task(f"slow{i}", tests=SLOW_TESTS),
+                      suites.identity_code("x" if i % 3 else "0")))
+        pairs.append((suites.mc_task(i), "The answer is (B)." if i % 2 else "(A)"))
+    return suites.write_suite(directory, pairs)
+
+
+def _argv(tasks_path, predictions_path, output, *extra):
+    return [PROG, "--input", tasks_path, "--predictions", predictions_path, "--output",
+            str(output), "--workers", "1", *extra]
+
+
+def _files(output):
+    return (suites.read_bytes(os.path.join(output, "predictions.jsonl")),
+            suites.read_bytes(os.path.join(output, "summary.json")))
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("reference")
+    tasks_path, predictions_path = _slow_suite(directory)
+    output = directory / "reference"
+    assert evaluate.main(_argv(tasks_path, predictions_path, output)) == 0
+    return tasks_path, predictions_path, _files(output)
+
+
+def test_sigkill_mid_run_then_resume_is_byte_identical(tmp_path, reference_run, capsys):
+    tasks_path, predictions_path, expected = reference_run
+    output = tmp_path / "killed"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "alodlm_jax.cli.evaluate", *_argv(tasks_path, predictions_path,
+                                                                  output)[1:]],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    predictions = output / "predictions.jsonl"
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline:
+            if predictions.exists() and predictions.read_bytes().count(b"\n") >= 5:
+                break
+            time.sleep(0.02)
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.wait()
+    assert process.returncode == -signal.SIGKILL
+    written = predictions.read_bytes()
+    assert 5 <= written.count(b"\n") < 16, "the run was not killed part way through"
+    assert not (output / "summary.json").exists()
+    assert expected[0].startswith(written[: written.rfind(b"\n") + 1])
+
+    # Without --resume the directory is refused, as in the reference.
+    assert evaluate.main(_argv(tasks_path, predictions_path, output)) == 2
+    assert "Use a fresh evaluation output directory" in capsys.readouterr().err
+
+    assert evaluate.main(_argv(tasks_path, predictions_path, output, "--resume")) == 0
+    assert _files(output) == expected
+
+
+def test_torn_last_line_is_dropped(tmp_path, reference_run):
+    tasks_path, predictions_path, expected = reference_run
+    output = tmp_path / "torn"
+    output.mkdir()
+    lines = expected[0].splitlines(keepends=True)
+    (output / "predictions.jsonl").write_bytes(b"".join(lines[:4]) + lines[4][:17])
+    assert evaluate.main(_argv(tasks_path, predictions_path, output, "--resume")) == 0
+    assert _files(output) == expected
+
+
+def test_resume_of_a_finished_run_rewrites_the_same_summary(tmp_path, reference_run):
+    tasks_path, predictions_path, expected = reference_run
+    output = tmp_path / "done"
+    output.mkdir()
+    (output / "predictions.jsonl").write_bytes(expected[0])
+    (output / "summary.json").write_bytes(expected[1])
+    assert evaluate.main(_argv(tasks_path, predictions_path, output, "--resume")) == 0
+    assert _files(output) == expected
+    (output / "summary.json").unlink()  # killed after the last row, before the summary
+    assert evaluate.main(_argv(tasks_path, predictions_path, output, "--resume")) == 0
+    assert _files(output) == expected
+
+
+def test_resume_refuses_rows_of_another_run(tmp_path, reference_run, capsys):
+    tasks_path, predictions_path, expected = reference_run
+    lines = expected[0].splitlines(keepends=True)
+    cases = {
+        "other_task": lines[1] + lines[0],  # rows out of order
+        "tampered_verdict": lines[0] + lines[1].replace(b'"extracted": "A"', b'"extracted": "B"'),
+        "tampered_timing": lines[0].replace(b'"wall_seconds": 0.1', b'"wall_seconds": 9.0'),
+    }
+    for name, content in cases.items():
+        output = tmp_path / name
+        output.mkdir()
+        (output / "predictions.jsonl").write_bytes(content)
+        status = evaluate.main(_argv(tasks_path, predictions_path, output, "--resume"))
+        err = capsys.readouterr().err
+        assert status == 2, name
+        assert "cannot resume" in err and len(err.strip().splitlines()) == 1, err
+        assert (output / "predictions.jsonl").read_bytes() == content  # untouched
+        assert not (output / "summary.json").exists()
+
+
+def test_resume_keeps_scoring_failures_of_the_first_part(tmp_path, monkeypatch, capsys):
+    from alodlm_scoring import isolation
+
+    monkeypatch.setattr(isolation, "parent_timeout", lambda record: 1.0)
+    pairs = [(suites.python_task("hang", tests="import time\ntime.sleep(30)"), suites.identity_code()),
+             (suites.mc_task(1), "B"), (suites.mc_task(2), "C")]
+    tasks_path, predictions_path = suites.write_suite(tmp_path, pairs)
+    reference = tmp_path / "reference"
+    assert evaluate.main(_argv(tasks_path, predictions_path, reference)) == 0
+    expected = _files(reference)
+    assert json.loads(expected[1])["protocol"]["scoring_failures"] == [
+        {"benchmark": "mbpp", "id": "hang", "reason": "code_scoring_timeout"}]
+    output = tmp_path / "partial"
+    shutil.copytree(reference, output)
+    (output / "summary.json").unlink()
+    lines = expected[0].splitlines(keepends=True)
+    (output / "predictions.jsonl").write_bytes(lines[0] + lines[1][:5])
+    assert evaluate.main(_argv(tasks_path, predictions_path, output, "--resume")) == 0
+    assert _files(output) == expected
