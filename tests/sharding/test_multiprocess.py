@@ -1,0 +1,147 @@
+"""Data parallelism over ``jax.distributed`` on localhost: two CPU processes split the tasks and
+process 0 merges; the files equal a one-process run's except for timing fields."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import pytest
+
+HERE = pathlib.Path(__file__).resolve()
+ROOT = HERE.parents[2]
+TIMING_ROW_KEYS = ("wall_seconds", "prefill_seconds", "tokens_per_second")
+TIMING_BENCHMARK_KEYS = ("wall_seconds", "tokens_per_second")
+TIMING_SUITE_KEYS = ("suite_wall_seconds", "suite_tokens_per_second")
+
+
+def make_tasks():
+    words = ["Return value one", "Return value two", "value three .", "one two three", "two . one",
+             "Return three"]
+    tasks = []
+    for i, text in enumerate(words):
+        tasks.append({"benchmark": "synthetic", "id": f"e{i}", "metric": "exact",
+                      "prompt": f"user {text} </s> assistant ", "answer": "one ."})
+        if i % 2 == 0:
+            tasks.append({"benchmark": "mmlu", "id": i, "metric": "mmlu", "prompt": f"user {text} </s> assistant ",
+                          "answer": "B"})
+    return tasks
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env_with(devices: int) -> dict:
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}").strip()
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+    return env
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    pytest.importorskip("torch")
+    from alodlm_jax.testing.tiny_checkpoint import TinySpec, build_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("dp")
+    model = build_tiny_checkpoint(root / "tiny", TinySpec.for_topology(
+        "sandwich", num_heads=4, num_kv_heads=2, lm_head_scale=64.0, seed=3))
+    tasks_path = root / "tasks.jsonl"
+    tasks_path.write_text("".join(json.dumps(t) + "\n" for t in make_tasks()))
+    single = root / "single"
+    run_processes(dict(model=str(model), tasks=str(tasks_path), output=str(single), mesh=None), 1)
+    return {"root": root, "model": str(model), "tasks": str(tasks_path), "single": single}
+
+
+def run_processes(args: dict, num_processes: int, devices: int = 1, timeout: int = 600) -> list[str]:
+    """Runs ``alodlm-jax-evaluate`` as ``num_processes`` processes on localhost; their stdouts."""
+    port = free_port()
+    command = [sys.executable, "-m", "alodlm_jax.cli.evaluate", "--model", args["model"], "--input",
+               args["tasks"], "--output", args["output"], "--device", "cpu", "--precision", "fp32",
+               "--workers", "1", "--q", "1.0", "--tau", "1.0", "--window_size", "4", "--max_new_tokens", "16"]
+    if args.get("mesh"):
+        command += ["--mesh", args["mesh"]]
+    if args.get("split"):
+        command += ["--task_split", args["split"]]
+    procs = []
+    for pid in range(num_processes):
+        extra = [] if num_processes == 1 else [
+            "--coordinator_address", f"127.0.0.1:{port}", "--num_processes", str(num_processes),
+            "--process_id", str(pid)]
+        procs.append(subprocess.Popen(command + extra, env=env_with(devices), stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, cwd=str(ROOT)))
+    outputs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=timeout)
+        assert proc.returncode == 0, err[-4000:]
+        outputs.append(out)
+    return outputs
+
+
+def masked_predictions(path: pathlib.Path) -> list[dict]:
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for row in rows:
+        for key in TIMING_ROW_KEYS:
+            assert key in row
+            row[key] = "<timing>"
+    return rows
+
+
+def masked_summary(path: pathlib.Path) -> dict:
+    summary = json.loads(path.read_text())
+    for values in summary["benchmarks"].values():
+        for key in TIMING_BENCHMARK_KEYS:
+            values[key] = "<timing>"
+    for key in TIMING_SUITE_KEYS:
+        summary[key] = "<timing>"
+    summary["protocol"]["compile_seconds"] = "<timing>"
+    return summary
+
+
+def assert_same_as_single(setup, out: pathlib.Path, halt_tolerance: float = 0.0):
+    """Equal but for timings. ``halt_tolerance``: tensor parallelism sums the gate's dot product
+    in another order, so its fp32 halting probabilities may differ in the last bits."""
+    single = setup["single"]
+    got, want = masked_predictions(out / "predictions.jsonl"), masked_predictions(single / "predictions.jsonl")
+    if halt_tolerance:
+        for a, b in zip(got, want, strict=True):
+            pa, pb = a.pop("first_pass_halt_probabilities"), b.pop("first_pass_halt_probabilities")
+            assert len(pa) == len(pb) and all(abs(x - y) <= halt_tolerance for x, y in zip(pa, pb))
+    assert got == want
+    assert masked_summary(out / "summary.json") == masked_summary(single / "summary.json")
+    # Key order and formatting too: only the masked values may differ, line by line.
+    multi_lines = (out / "predictions.jsonl").read_text().splitlines()
+    assert len(multi_lines) == len(make_tasks())
+    assert [list(json.loads(line)) for line in multi_lines] == \
+        [list(json.loads(line)) for line in (single / "predictions.jsonl").read_text().splitlines()]
+
+
+def test_two_processes_equal_one(setup):
+    out = setup["root"] / "two"
+    stdout = run_processes(dict(model=setup["model"], tasks=setup["tasks"], output=str(out), mesh=None), 2)
+    assert_same_as_single(setup, out)
+    for pid in range(2):
+        assert (out / f"predictions.process-{pid:05d}-of-00002.jsonl").exists()
+        assert (out / f"summary.process-{pid:05d}-of-00002.json").exists()
+    # Process 0 prints the merged summary, process 1 its shard's.
+    examples = [sum(b["examples"] for b in json.loads(out)["benchmarks"].values()) for out in stdout]
+    assert examples == [len(make_tasks()), len(make_tasks()) // 2]
+
+
+@pytest.mark.slow
+def test_two_processes_each_tensor_parallel(setup):
+    """2 processes x model=2 (2 local CPU devices each), contiguous split."""
+    out = setup["root"] / "two_by_two"
+    run_processes(dict(model=setup["model"], tasks=setup["tasks"], output=str(out), mesh="model=2",
+                       split="contiguous"), 2, devices=2)
+    assert_same_as_single(setup, out, halt_tolerance=1e-6)
+
+
