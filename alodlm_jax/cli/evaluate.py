@@ -71,6 +71,22 @@ flags.DEFINE_string("compilation_cache_dir", None, "Persistent JAX compilation c
                     "(generate mode).", flag_values=FLAGS)
 flags.DEFINE_integer("batch_size", 1, "Tasks decoded together in generate mode (only 1 is "
                      "supported for now).", flag_values=FLAGS)
+# Scaling out (alodlm_jax.sharding, alodlm_jax.distributed; docs/scaling.md).
+flags.DEFINE_string("mesh", None, "Generate mode: tensor parallelism over this process's local "
+                    "devices, e.g. model=4 (optional data=M). Default: one device.", flag_values=FLAGS)
+flags.DEFINE_string("coordinator_address", None, "Generate mode, several processes: host:port of "
+                    "process 0 for jax.distributed, or 'auto' (JAX's cluster detection). Each "
+                    "process decodes its share of the tasks; process 0 merges the shards.",
+                    flag_values=FLAGS)
+flags.DEFINE_integer("num_processes", None, "Number of processes in a multi-process run.",
+                     flag_values=FLAGS)
+flags.DEFINE_integer("process_id", None, "This process's index in [0, --num_processes).",
+                     flag_values=FLAGS)
+flags.DEFINE_enum("task_split", "round_robin", ["round_robin", "contiguous"], "How a "
+                  "multi-process run splits the tasks (deterministic).", flag_values=FLAGS)
+
+
+_process_info = None  # alodlm_jax.distributed.ProcessInfo of a multi-process run (generate mode)
 
 
 class CommandError(RuntimeError):
@@ -214,7 +230,15 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
         raise ValueError("--batch_size > 1 is not supported yet in generate mode")
     device = FLAGS.device or default_device()
     input_sha256 = sha256_file(FLAGS.input)
-    generator = build_generator(decode, device)
+    if FLAGS.mesh is not None or _process_info is not None:  # scaling out: local devices, mesh
+        from alodlm_jax import sharding
+
+        generator = sharding.build_generator(
+            model=FLAGS.model, mesh=FLAGS.mesh, model_config=FLAGS.model_config, device=device,
+            precision=FLAGS.precision, decode_config=decode, engine=FLAGS.engine,
+            compilation_cache_dir=FLAGS.compilation_cache_dir)
+    else:
+        generator = build_generator(decode, device)
     generator.warmup(tasks[0]["prompt"])
 
     def rows(start: int):
@@ -234,6 +258,14 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
             **fields,
         )
 
+    if _process_info is not None:
+        from alodlm_jax import distributed
+
+        return distributed.evaluate_sharded(
+            tasks, FLAGS.output, _process_info, generate=lambda task: generator.generate(task["prompt"]),
+            make_protocol=make_protocol, split=FLAGS.task_split, state=state,
+            workers=FLAGS.workers, progress=progress, overlap=FLAGS.overlap_scoring,
+        )
     return evaluation.evaluate(
         tasks, state, rows_source=rows, make_protocol=make_protocol,
         workers=FLAGS.workers, progress=progress, overlap=FLAGS.overlap_scoring,
@@ -260,8 +292,21 @@ def _evaluate() -> int:
     from alodlm_scoring.evaluation import prepare_output_directory
     from alodlm_scoring.tasks import load_tasks
 
+    global _process_info
     tasks = load_tasks(FLAGS.input)  # §6.2 step 1
-    state = prepare_output_directory(FLAGS.output, resume=FLAGS.resume)  # step 2
+    _process_info = None
+    if FLAGS.predictions is None and (FLAGS.coordinator_address is not None
+                                      or FLAGS.num_processes is not None or FLAGS.process_id is not None):
+        from alodlm_jax import distributed  # several processes: each writes its own shard
+
+        _process_info = distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes,
+                                               FLAGS.process_id)
+        if _process_info.num_processes == 1:
+            _process_info = None
+    if _process_info is not None:
+        state = distributed.prepare_shard_directory(FLAGS.output, _process_info, resume=FLAGS.resume)
+    else:
+        state = prepare_output_directory(FLAGS.output, resume=FLAGS.resume)  # step 2
     decode = decode_config_from_flags()  # step 3: validated in both modes, as the reference
     if FLAGS.workers < 1:
         raise ValueError("--workers must be at least 1")

@@ -1,0 +1,102 @@
+"""Generate one completion with adaptive decoding and print the result as JSON.
+
+--prompt applies the checkpoint's chat template (one user turn, generation prompt; --thinking
+enables the thinking section); --prompt_ids passes raw token ids (comma-separated) with no template.
+The printed object has exactly the reference generate command's keys. With --stats, compile time and
+the token-layer-call counters go to stderr as one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Sequence
+
+from absl import flags
+
+from alodlm_jax.cli.flags import run_command
+from alodlm_jax.config import ENGINES, MODES, DecodeConfig
+
+PROG = "alodlm-jax-generate"
+FLAGS = flags.FlagValues()
+
+flags.DEFINE_string("model", None, "Local model directory (HF or converted) or Hugging Face model "
+                    "id (required).", flag_values=FLAGS)
+flags.DEFINE_string("model_config", None, "YAML file whose `model` section builds the recurrence "
+                    "config for checkpoints without ALoDLM metadata.", flag_values=FLAGS)
+flags.DEFINE_string("prompt", None, "User message; the chat template is applied.", flag_values=FLAGS)
+flags.DEFINE_boolean("thinking", False, "Enable the thinking section of the chat template.",
+                     flag_values=FLAGS)
+flags.DEFINE_string("prompt_ids", None, "Raw prompt token ids, comma-separated (no template).",
+                    flag_values=FLAGS)
+flags.DEFINE_enum("device", None, ["cpu", "cuda", "gpu", "tpu"], "JAX device (cuda and gpu both "
+                  "select JAX's GPU backend). Default: cuda when JAX sees a GPU, else cpu.",
+                  flag_values=FLAGS)
+flags.DEFINE_enum("precision", "fp32", ["fp32", "bf16"], "Model precision.", flag_values=FLAGS)
+flags.DEFINE_enum("engine", "portable", list(ENGINES), "Decoder engine.", flag_values=FLAGS)
+flags.DEFINE_float("q", 0.5, "Cumulative halting threshold, in [0, 1].", flag_values=FLAGS)
+flags.DEFINE_float("tau", 0.4, "Entropy threshold, finite and >= 0.", flag_values=FLAGS)
+flags.DEFINE_enum("mode", "entropy", list(MODES), "Commit rule: entropy or left1.",
+                  flag_values=FLAGS)
+flags.DEFINE_integer("window_size", 16, "Decoding window size (>= 1).", flag_values=FLAGS)
+flags.DEFINE_integer("max_new_tokens", 4096, "Generation budget in tokens (>= 1).",
+                     flag_values=FLAGS)
+flags.DEFINE_float("position_penalty", None, "Entropy penalty per window position (finite, >= 0). "
+                   "Default: 0.05 * tau.", flag_values=FLAGS)
+flags.DEFINE_boolean("stats", False, "Print compile seconds and token-layer counters to stderr.",
+                     flag_values=FLAGS)
+
+
+def parse_prompt_ids(text: str) -> list[int]:
+    """``"4,7,9"`` -> ``[4, 7, 9]`` (ValueError naming the flag otherwise)."""
+    try:
+        ids = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"--prompt_ids must be comma-separated integers, got {text!r}") from None
+    if not ids:
+        raise ValueError("--prompt_ids must contain at least one token id")
+    return ids
+
+
+def _generate() -> int:
+    if (FLAGS.prompt is None) == (FLAGS.prompt_ids is None):
+        raise ValueError("give exactly one of --prompt and --prompt_ids")
+    decode = DecodeConfig(q=FLAGS.q, tau=FLAGS.tau, window_size=FLAGS.window_size,
+                          max_new_tokens=FLAGS.max_new_tokens,
+                          position_penalty=FLAGS.position_penalty, mode=FLAGS.mode)
+    prompt_ids = parse_prompt_ids(FLAGS.prompt_ids) if FLAGS.prompt_ids is not None else None
+
+    from alodlm_jax.generate import Generator
+
+    device = FLAGS.device
+    if device is None:
+        import jax
+
+        device = {"gpu": "cuda", "tpu": "tpu"}.get(jax.default_backend(), "cpu")
+    generator = Generator.load(FLAGS.model, precision=FLAGS.precision, device=device,
+                               engine=FLAGS.engine, decode_config=decode,
+                               model_config=FLAGS.model_config)
+    if prompt_ids is None:
+        prompt_ids = generator.chat_prompt_ids(FLAGS.prompt, thinking=FLAGS.thinking)
+    result = generator.generate_ids(prompt_ids)
+    print(json.dumps(result), flush=True)
+    if FLAGS.stats:
+        stats = {"decoder": generator.protocol_fields()["decoder"],
+                 "compile_seconds": generator.compile_seconds, **generator.last_work.as_dict()}
+        print(json.dumps(stats), file=sys.stderr, flush=True)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command with ``argv`` (``sys.argv`` by default); returns the exit status."""
+    return run_command(_generate, prog=PROG, description=__doc__, flag_values=FLAGS, argv=argv,
+                       required=("model",))
+
+
+def run() -> None:
+    """Console entry point ``alodlm-jax-generate``."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,195 @@
+"""Text in, generation result out: model loading, tokenizer, prompts, stop ids, engine choice.
+
+:class:`Generator` is what the generate and evaluate commands use::
+
+    gen = Generator.load("path/or/hub-id", precision="fp32", device="cpu",
+                         decode_config=DecodeConfig(q=0.5, tau=0.4))
+    gen.generate_ids(gen.chat_prompt_ids("Return value one"))   # the §6.6 result dict
+    gen.generate(formatted_prompt)   # evaluation: the prompt is tokenized verbatim
+
+Importing this module does not touch Hugging Face's offline settings (MODEL_AND_DECODING.md §4.6):
+``HF_HUB_OFFLINE`` stays whatever the caller's environment says.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any, Sequence
+
+from alodlm_jax.config import ENGINE_NAMES, ENGINES, DecodeConfig
+
+STOP_TOKEN_NAMES = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>")
+PRECISIONS = ("fp32", "bf16")
+DEVICES = {"cpu": "cpu", "gpu": "gpu", "cuda": "gpu", "tpu": "tpu"}
+
+
+def stop_ids_for(tokenizer) -> list[int]:
+    """§4.7: the tokenizer's ``eos_token_id`` (int or list) plus the named stop tokens it has."""
+    ids: list[int] = []
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.append(eos)
+    elif eos is not None:
+        ids.extend(int(e) for e in eos)
+    vocab = tokenizer.get_vocab()
+    ids.extend(vocab[name] for name in STOP_TOKEN_NAMES if name in vocab)
+    return sorted(set(ids))
+
+
+def load_tokenizer(model_dir: pathlib.Path):
+    """§4.5 step 4: the checkpoint's tokenizer; it must carry a chat template."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"{model_dir}: the tokenizer has no chat template")
+    vocab = tokenizer.get_vocab()
+    if "<|im_end|>" in vocab:
+        tokenizer.pad_token = "<|im_end|>"
+    elif tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def jax_device(device: str):
+    """The first JAX device of the platform a ``--device`` value names (ValueError if absent)."""
+    import jax
+
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {sorted(DEVICES)}, got {device!r}")
+    try:
+        devices = jax.devices(DEVICES[device])
+    except RuntimeError:
+        devices = []
+    if not devices:
+        raise ValueError(f"JAX has no {device} device on this machine")
+    return devices[0]
+
+
+def make_engine(engine: str, cfg, params, decode: DecodeConfig, stop_ids: Sequence[int]):
+    """The decoding engine by name: ``portable`` or ``compiled``."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {list(ENGINES)}, got {engine!r}")
+    if engine == "portable":
+        from alodlm_jax.decode.portable import PortableEngine
+
+        return PortableEngine(cfg, params, decode, stop_ids)
+    try:
+        from alodlm_jax.decode.compiled import CompiledEngine
+    except ImportError as error:
+        raise ValueError(f"the compiled engine is not available ({error})") from None
+    return CompiledEngine(cfg, params, decode, stop_ids)
+
+
+class Generator:
+    """A loaded model, its tokenizer and one decoding engine with a fixed decoding configuration."""
+
+    def __init__(self, *, cfg, params, tokenizer, model_dir: pathlib.Path | None, precision: str,
+                 device: str, engine: str = "portable", decode_config: DecodeConfig | None = None,
+                 jax_device=None):
+        import jax
+
+        self.cfg = cfg
+        self.params = params
+        self.tokenizer = tokenizer
+        self.model_dir = model_dir
+        self.precision = precision
+        self.device = device
+        self.engine_name = engine
+        self.decode_config = decode_config or DecodeConfig()
+        self.stop_ids = stop_ids_for(tokenizer)
+        self._jax_device = jax_device or jax.devices()[0]
+        with jax.default_device(self._jax_device):
+            self.engine = make_engine(engine, cfg, params, self.decode_config, self.stop_ids)
+
+    @classmethod
+    def load(cls, model: str, *, precision: str = "fp32", device: str = "cpu",
+             engine: str = "portable", decode_config: DecodeConfig | None = None,
+             model_config: str | None = None) -> "Generator":
+        """Loads a converted directory, an HF checkpoint directory or a Hub id onto ``device``."""
+        import jax
+
+        from alodlm_convert.resolve import resolve_model
+        from alodlm_jax.params import load_model
+
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {list(ENGINES)}, got {engine!r}")
+        decode_config = decode_config or DecodeConfig()
+        target = jax_device(device)
+        model_dir = resolve_model(model)
+        placement = jax.sharding.SingleDeviceSharding(target)
+        cfg, params = load_model(str(model_dir), precision, sharding=lambda path, array: placement,
+                                 model_config_yaml=model_config)
+        tokenizer = load_tokenizer(model_dir)
+        return cls(cfg=cfg, params=params, tokenizer=tokenizer, model_dir=model_dir,
+                   precision=precision, device=device, engine=engine,
+                   decode_config=decode_config, jax_device=target)
+
+    # -- prompts ---------------------------------------------------------------------------------
+
+    def chat_prompt_ids(self, text: str, thinking: bool = False) -> list[int]:
+        """§4.7: the chat template over one user turn with the generation prompt."""
+        rendered = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True,
+            enable_thinking=thinking)
+        return self.encode_verbatim(rendered)
+
+    def encode_verbatim(self, text: str) -> list[int]:
+        """Evaluation prompts: tokenized as is, no special tokens added (SCORING.md §6.4)."""
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    # -- generation ------------------------------------------------------------------------------
+
+    def generate_ids(self, prompt_ids: Sequence[int]) -> dict[str, Any]:
+        """Greedy adaptive decoding of ``prompt_ids``; returns the §6.6 result dict."""
+        import jax
+
+        from alodlm_jax.decode.result import result_dict
+
+        with jax.default_device(self._jax_device):
+            out = self.engine.generate(prompt_ids)
+        text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        self.last_work = out.work
+        return result_dict(out, text)
+
+    def generate(self, prompt_text: str) -> dict[str, Any]:
+        """Evaluation entry point: the prompt is tokenized verbatim (no template, no specials)."""
+        return self.generate_ids(self.encode_verbatim(prompt_text))
+
+    def warmup(self, prompt_text: str) -> None:
+        """One discarded generation: compiles every shape this prompt needs, warms the caches."""
+        self.generate(prompt_text)
+
+    @property
+    def compile_seconds(self) -> float:
+        return float(self.engine.compile_seconds)
+
+    def protocol_fields(self) -> dict[str, Any]:
+        """The generator's part of the summary's protocol block (SCORING.md §7.4)."""
+        fields: dict[str, Any] = {
+            "decoder": ENGINE_NAMES[self.engine_name],
+            "precision": self.precision,
+            "device": self.device,
+        }
+        if self._jax_device.platform == "gpu":
+            fields["gpu"] = self._jax_device.device_kind
+        fields["device_kind"] = self._jax_device.device_kind
+        fields["compile_seconds"] = self.compile_seconds
+        return fields
+
+
+def build_generator(*, model: str, model_config: str | None = None, device: str = "cpu",
+                    precision: str = "fp32", decode_config: DecodeConfig | None = None,
+                    engine: str = "portable", compilation_cache_dir: str | None = None,
+                    batch_size: int = 1) -> Generator:
+    """The evaluate command's plug-in point (``alodlm_jax.cli.evaluate.build_generator``)."""
+    if batch_size != 1:
+        raise ValueError("batch_size > 1 is not supported yet")
+    if compilation_cache_dir:
+        import jax
+
+        jax.config.update("jax_compilation_cache_dir", str(compilation_cache_dir))
+    return Generator.load(model, precision=precision, device=device, engine=engine,
+                          decode_config=decode_config, model_config=model_config)
