@@ -4,7 +4,9 @@ Two jobs:
 
 * :func:`normalize_argv` accepts the reference's dash spellings (``--max-new-tokens``,
   ``--window-size``, ``--position-penalty``, ``--model-config``, …) as well as absl's underscore
-  names, by rewriting known flag names before absl parses them;
+  names, by rewriting known flag names before absl parses them, and replaces the bundled names
+  ``builtin:tiny``, ``builtin:sample`` and ``builtin:sample-predictions`` (see
+  :mod:`alodlm_jax.data`) by their paths;
 * :func:`run_command` parses flags into a private ``FlagValues`` (so several commands can be
   imported into one process, e.g. by tests), prints help, and turns expected user errors into one
   line ``<prog>: error: <message>`` on stderr with exit status 2 — no traceback (SCORING.md D8).
@@ -57,17 +59,21 @@ def normalize_argv(argv: Sequence[str], flag_values: flags.FlagValues) -> list[s
 
     Only the name part before ``=`` is touched, and only when the underscore spelling (or its
     ``--no`` boolean negation) is a defined flag; values and positional arguments are untouched.
-    Everything after a bare ``--`` is left alone.
+    Everything after a bare ``--`` is left alone. A flag value naming bundled data
+    (``builtin:...``) becomes that data's path.
     """
+    from alodlm_jax.data import resolve_builtin
+
     known = set(flag_values)
     result = [argv[0]] if argv else []
     passthrough = False
     for argument in argv[1:]:
         if passthrough or not argument.startswith("--") or argument == "--":
             passthrough = passthrough or argument == "--"
-            result.append(argument)
+            result.append(argument if passthrough else resolve_builtin(argument))
             continue
         name, sep, value = argument[2:].partition("=")
+        value = resolve_builtin(value) if sep else value
         candidate = name.replace("-", "_")
         if candidate in known:
             argument = "--" + candidate + sep + value
@@ -92,7 +98,7 @@ def parse_flags(argv: Sequence[str], flag_values: flags.FlagValues,
     flag_values.unparse_flags()  # a previous in-process run must not leak values into this one
     try:
         remaining = flag_values(normalize_argv(argv, flag_values))
-    except flags.Error as error:
+    except (flags.Error, ValueError) as error:
         raise UsageError(str(error)) from None
     if len(remaining) > 1:
         raise UsageError(f"unrecognized arguments: {' '.join(remaining[1:])}")

@@ -1,0 +1,19 @@
+"""Suite-wide pytest configuration.
+
+The scoring and evaluation tests run model code in-process through ``subprocess`` and evalplus's
+``multiprocessing`` (fork). Forking a process whose JAX backend is running can deadlock (JAX warns
+about it), so those tests run first, before any test starts a JAX backend. Production code never
+does this: the evaluator scores code in fresh interpreters (``alodlm_scoring.isolation``).
+"""
+
+from __future__ import annotations
+
+_RUN_FIRST = ("tests/scoring/", "tests/evaluation/")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    def rank(item) -> int:
+        path = item.nodeid
+        return 0 if path.startswith(_RUN_FIRST) else 1
+
+    items.sort(key=rank)  # stable: file order is kept inside each group
