@@ -1,0 +1,208 @@
+"""Batched compiled decoding: ``B`` requests advance together in one XLA program.
+
+Each request keeps its own window state (:class:`~alodlm_jax.decode.state.DecodeState`) and its own
+KV cache; both carry a leading batch axis and the per-request functions of
+:mod:`alodlm_jax.decode.compiled` are ``jax.vmap``-ed over it, so every matrix product sees
+``B * W`` rows instead of ``W``. The loops are written out here (not a vmapped ``while_loop``, which
+would select the whole carry, cache included, at every iteration):
+
+* the outer loop runs while any request is unfinished; a window round opens a window for every
+  live request;
+* the inner loop runs while any live request's window has not stopped; a request whose window
+  already stopped (or that is finished) is *idle*: its pass is computed but discarded, and its
+  K/V writes are redirected to the cache's scratch slots (``Bucket.scratch_start``), so its real
+  cache stays exactly as if it had decoded alone;
+* finished requests stay idle until the whole batch ends (no replacement by waiting requests).
+
+Because each request's arithmetic is the single-request arithmetic, each request's outputs equal
+decoding it alone (a test checks this).
+
+Performance (measured on the 2-core CPU, see scripts/bench_decode.py): batching does not pay off
+here yet. Even for 8 copies of one prompt (no idle members) batch 8 gives only 1.08x the tokens/s
+of batch 1 (batch 2: 0.60x). The optimized HLO shows why: under ``vmap`` the per-request cache
+write of ``model._layer`` (``dynamic_update_slice`` at a per-request ``start``) becomes a
+``scatter`` into the whole ``[B, L, (K,) T_max, n_kv, d_h]`` buffer, which XLA:CPU does not update
+in place. A fix belongs in the model (a batched layer that writes each request's rows in place),
+not here.
+
+Timing: a batch is one program execution, so only the batch's wall time is observable. Each
+request's ``wall_seconds`` is the batch wall time divided by the number of real requests in the
+batch (their sum is the true elapsed time); ``prefill_seconds`` is the batch's measured prefill time
+divided the same way.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from alodlm_jax import model as M
+from alodlm_jax.decode import compiled as C
+from alodlm_jax.decode import state as S
+from alodlm_jax.decode.result import DecodeOutput
+
+BATCH_TIMING = "each request's wall_seconds = batch wall time / requests in the batch"
+
+
+def _select(mask, new, old):
+    """Per-request choice between two pytrees with a leading batch axis."""
+
+    def pick(a, b):
+        m = mask.reshape(mask.shape + (1,) * (a.ndim - 1))
+        return jnp.where(m, a, b)
+
+    return jax.tree_util.tree_map(pick, new, old)
+
+
+def _batch_program(params, cache, prompts, prompt_lens, live, consts, *, cfg, window_size, mode,
+                   capacity):
+    """Prefill + window rounds for ``B`` requests. ``live[b]`` False marks a padding request."""
+    C.TRACE_COUNTS["batch"] += 1
+    rows = 2 * window_size
+    scratch = jnp.int32(cache.core_k.shape[3] - rows)  # [B, L, K, T_max, ...]
+    vm = lambda f, in_axes: jax.vmap(f, in_axes=in_axes)  # noqa: E731
+
+    cache = vm(functools.partial(C.prefill, cfg=cfg), (None, 0, 0))(params, cache, prompts)
+    init = lambda n: S.DecodeState.initial(rows=rows, capacity=capacity,  # noqa: E731
+                                           mask_id=cfg.mask_token_id, cache_len=n)
+    dstate = jax.vmap(init)(prompt_lens)
+    dstate = dstate.replace(finished=~live)
+    begin = functools.partial(C.begin, cfg=cfg, window_size=window_size)
+    dstate = vm(begin, (0, None))(dstate, consts)
+
+    def window_round(carry):
+        cache, dstate = carry
+        active = ~dstate.finished
+        packed = vm(lambda w, n: S.pack_window(w, n, mask_id=cfg.mask_token_id), (0, 0))(
+            dstate.window, dstate.cache_len)
+        real_start = packed.start
+        packed = packed.replace(start=jnp.where(active, real_start, scratch))
+        pst = vm(S.init_pass_state, (0, None))(packed, consts["penalty"])
+        h = vm(M.embed, (None, 0))(params, packed.ids)
+        h, cache = vm(lambda p, hh, pos, c, st: M.prelude(p, cfg, hh, pos, c, st),
+                      (None, 0, 0, 0, 0))(params, h, packed.positions, cache, packed.start)
+        one_pass = vm(functools.partial(C.window_pass, cfg=cfg, mode=mode),
+                      (None, 0, 0, 0, 0, None, None))
+
+        def pass_round(inner):
+            # Every running request started this window with the others and advanced with each
+            # round, so they all run pass `depth` now: one shared (unbatched) depth index keeps the
+            # cache reads plain slices instead of per-request gathers.
+            depth, executed, cache, h, pst, running = inner
+            here = packed.replace(start=jnp.where(running, real_start, scratch))
+            cache, h_new, pst_new, stop = one_pass(params, cache, h, here, pst, depth, consts)
+            h = _select(running, h_new, h)
+            pst = _select(running, pst_new, pst)
+            executed = executed + running.astype(jnp.int32)
+            return depth + 1, executed, cache, h, pst, running & ~stop
+
+        _, executed, cache, h, pst, _ = jax.lax.while_loop(
+            lambda inner: jnp.any(inner[5]), pass_round,
+            (jnp.int32(0), jnp.zeros_like(real_start), cache, h, pst, active))
+        # Idle requests complete the (discarded) scratch slots; live ones their window.
+        close = functools.partial(C.close_window, cfg=cfg, window_size=window_size)
+        cache, new_state = vm(close, (0, 0, 0, 0, 0, None))(
+            cache, dstate, packed, pst, jnp.maximum(executed, 1), consts)
+        return cache, _select(active, new_state, dstate)
+
+    return jax.lax.while_loop(lambda carry: jnp.any(~carry[1].finished), window_round,
+                              (cache, dstate))
+
+
+def _batch_prefill_program(params, cache, prompts, *, cfg):
+    C.TRACE_COUNTS["batch_prefill"] += 1
+    return jax.vmap(functools.partial(C.prefill, cfg=cfg), in_axes=(None, 0, 0))(params, cache,
+                                                                                  prompts)
+
+
+_JIT = {
+    "batch": jax.jit(_batch_program, static_argnames=("cfg", "window_size", "mode", "capacity"),
+                     donate_argnames=("cache",)),
+    "batch_prefill": jax.jit(_batch_prefill_program, static_argnames=("cfg",),
+                             donate_argnames=("cache",)),
+}
+
+
+def _batched_cache_spec(engine, bucket: C.Bucket):
+    one = jax.eval_shape(lambda: M.init_cache(engine.cfg, bucket.t_max, engine.dtype))
+    return jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct((bucket.batch,) + x.shape, x.dtype), one)
+
+
+def compile_batch(engine, bucket: C.Bucket):
+    """The batched program of ``bucket`` (compiled once per process), plus its prefill time."""
+    params = C._spec(engine.params)
+    cache = _batched_cache_spec(engine, bucket)
+    prompts = jax.ShapeDtypeStruct((bucket.batch, bucket.prompt_bucket), jnp.int32)
+    vec_i32 = jax.ShapeDtypeStruct((bucket.batch,), jnp.int32)
+    vec_bool = jax.ShapeDtypeStruct((bucket.batch,), jnp.bool_)
+    consts = C._spec(engine.consts())
+    mode = engine.decode.mode
+    statics = dict(cfg=engine.cfg, window_size=bucket.window_size, mode=mode,
+                   capacity=bucket.capacity)
+    exe = engine.get_executable("batch", _JIT["batch"], (bucket, mode), lambda: (
+        (params, cache, prompts, vec_i32, vec_bool, consts), statics))
+    if engine.measure_prefill and bucket not in engine._prefill_seconds:
+        pre = engine.get_executable(
+            "batch_prefill", _JIT["batch_prefill"], (bucket.batch, bucket.prompt_bucket, bucket.t_max),
+            lambda: ((params, cache, prompts), {"cfg": engine.cfg}))
+        key, buf = engine.take_cache(bucket, batched=True)
+        ids = jnp.zeros((bucket.batch, bucket.prompt_bucket), jnp.int32)
+        times = []
+        for _ in range(3):
+            jax.block_until_ready((buf, ids))
+            t0 = time.perf_counter()
+            buf = pre(engine.params, buf, ids)
+            jax.block_until_ready(buf)
+            times.append(time.perf_counter() - t0)
+        engine.give_back_cache(key, buf)
+        engine._prefill_seconds[bucket] = statistics.median(times)
+    return exe
+
+
+def generate_batched(engine, prompts: Sequence[Sequence[int]], batch_size: int) -> list[DecodeOutput]:
+    """Decodes ``prompts`` in groups of ``batch_size`` (the last group padded with idle requests)."""
+    if batch_size < 1:
+        raise ValueError("batch_size must be at least 1")
+    checked = [engine.check_request(p) for p in prompts]
+    # One prompt bucket for the whole call, so every group reuses the same program.
+    longest = max((len(p) for p in checked), default=1)
+    outs: list[DecodeOutput] = []
+    for lo in range(0, len(checked), batch_size):
+        group = checked[lo: lo + batch_size]
+        bucket = engine.bucket_for(longest, batch=batch_size)
+        outs.extend(_run_group(engine, bucket, group))
+    return outs
+
+
+def _run_group(engine, bucket: C.Bucket, group: list[list[int]]) -> list[DecodeOutput]:
+    exe = compile_batch(engine, bucket)
+    b = bucket.batch
+    ids = np.zeros((b, bucket.prompt_bucket), np.int32)
+    lens = np.ones((b,), np.int32)
+    live = np.zeros((b,), bool)
+    for i, prompt in enumerate(group):
+        ids[i, : len(prompt)] = prompt
+        lens[i] = len(prompt)
+        live[i] = True
+    ids, lens, live = jnp.asarray(ids), jnp.asarray(lens), jnp.asarray(live)
+    consts = engine.consts()
+    key, cache = engine.take_cache(bucket, batched=True)
+    jax.block_until_ready((cache, ids, lens, live, consts, engine.params))
+
+    start = time.perf_counter()
+    cache, dstate = exe(engine.params, cache, ids, lens, live, consts)
+    host = jax.device_get(dstate)
+    wall = time.perf_counter() - start
+    engine.give_back_cache(key, cache)
+
+    n = len(group)
+    prefill = engine._prefill_seconds.get(bucket, 0.0) / n
+    return [engine._output(jax.tree_util.tree_map(lambda x: x[i], host), len(group[i]), wall / n,
+                           prefill) for i in range(n)]

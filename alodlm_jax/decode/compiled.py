@@ -1,0 +1,415 @@
+"""The compiled engine: a whole generation is one XLA program per static shape bucket.
+
+The program (:func:`_single_program`) runs, with no host round trip until the result is complete:
+
+1. the prompt prefill (all ``K`` passes, MODEL_AND_DECODING.md §6.2);
+2. an outer ``lax.while_loop`` over windows (§6.5) whose body packs the window, runs the embedding
+   and prelude, then
+3. an inner ``lax.while_loop`` over recurrent passes (§6.4: injection, core at depth ``s``, readout,
+   heads, decision), stopping on the device-side stop flag;
+4. the cache completion, prefix persistence and the next window's finish test / top-up.
+
+All decisions are :mod:`alodlm_jax.decode.state`'s pure functions, called exactly as the portable
+engine calls them (same functions, same order, same arguments), and the network is
+:mod:`alodlm_jax.model`'s; that is what makes the two engines' outputs identical.
+
+Static shape bucket (:class:`Bucket`): prompt-length bucket (power of two), window size (rows
+``W = 2 * window_size``), output capacity (``next_pow2(max_new_tokens)``), cache size (the portable
+engine's, from the prompt bucket and the budget), the model config (depth cap ``K`` included), the
+decoding mode and the batch size. The prompt, ``max_new_tokens``, ``q``, ``tau``, the position
+penalty and the stop ids are runtime inputs, so every request of an evaluation run (one decoding
+configuration) whose prompt falls in one length bucket shares one executable. Params and cache are
+arguments; the cache is donated and handed back, so XLA updates it in place and the next request of
+the bucket reuses the buffers.
+
+Cache slots (:attr:`Bucket.t_max`, the portable engine's size): a window's rows live at
+``cache_len + packed_row < prompt_len + max_new_tokens + W``. A batched program adds ``W`` scratch
+slots where an idle request (see :mod:`alodlm_jax.decode.batched`) writes its discarded K/V.
+
+Linear time: every write inside the loops is a small ``dynamic_update_slice``/scatter into a
+carried buffer (cache slots of one window, ``W`` output entries). On XLA:CPU such writes can
+degrade to whole-buffer copies per iteration (jax issue 40101, a 0.11.1 regression; this project
+pins 0.10.2); ``tests/decode_compiled`` and ``scripts/bench_decode.py`` measure time against
+``max_new_tokens`` with a fixed cache size to catch it.
+
+Timing: the program has no host synchronization inside, so ``prefill_seconds`` cannot be taken
+from the request itself. It is the measured, synchronized wall time of the bucket's prefill run on
+its own (the same computation: the padded prompt length fixes it, not the prompt's content),
+measured once per bucket at compile time (median of three runs). ``wall_seconds`` is the request's
+true synchronized wall time (prefill included).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import statistics
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from alodlm_jax import model as M
+from alodlm_jax.config import DecodeConfig
+from alodlm_jax.decode import state as S
+from alodlm_jax.decode.result import DecodeOutput, result_dict, work_counters
+
+STOP_ID_SLOTS = 8
+
+# How many times each program body was traced (a trace is the first step of every compilation; a
+# persistent-cache hit still traces). Tests use it to prove executables are reused per bucket.
+TRACE_COUNTS: collections.Counter = collections.Counter()
+
+
+def next_pow2(n: int, minimum: int = 16) -> int:
+    """The smallest power of two ``>= max(n, minimum)``."""
+    n = max(int(n), minimum)
+    return 1 << (n - 1).bit_length()
+
+
+@dataclasses.dataclass(frozen=True)
+class Bucket:
+    """Static shapes of one compiled program (everything else is a runtime input).
+
+    ``t_max`` follows the portable engine's rule (``next_pow2(prompt_bucket + max_new_tokens + W)``,
+    at least 64) on purpose: XLA:CPU's attention reductions over the cache are not bitwise
+    independent of the buffer length (masked slots included), so equal cache sizes are part of what
+    makes the two engines' fp32 outputs identical. A batch adds ``W`` scratch slots.
+    """
+
+    prompt_bucket: int
+    window_size: int
+    capacity: int  # output buffer length, next_pow2(max_new_tokens)
+    cache_slots: int  # the portable engine's t_max for this prompt bucket and budget
+    batch: int = 1
+
+    @property
+    def rows(self) -> int:
+        return 2 * self.window_size
+
+    @property
+    def t_max(self) -> int:
+        return self.cache_slots if self.batch == 1 else self.cache_slots + self.rows
+
+    @property
+    def scratch_start(self) -> int:
+        """First of the ``W`` scratch slots written by idle batch members (never read back)."""
+        return self.t_max - self.rows
+
+    @classmethod
+    def for_request(cls, prompt_len: int, decode: DecodeConfig, batch: int = 1) -> "Bucket":
+        prompt_bucket = next_pow2(prompt_len)
+        rows = 2 * decode.window_size
+        slots = next_pow2(prompt_bucket + decode.max_new_tokens + rows, minimum=64)
+        return cls(prompt_bucket, decode.window_size, next_pow2(decode.max_new_tokens), slots, batch)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-request pieces (pure; the batched program vmaps exactly these)
+# ---------------------------------------------------------------------------------------------
+
+
+def prefill(params, cache, ids, *, cfg):
+    """§6.2: causal forward over the padded prompt, all ``K`` passes, K/V into slots ``0..P_b-1``."""
+    positions = jnp.arange(ids.shape[0], dtype=jnp.int32)
+    start = jnp.int32(0)
+    h, cache = M.prelude(params, cfg, M.embed(params, ids), positions, cache, start)
+    for depth in range(cfg.max_depth):
+        if depth > 0:
+            h = M.carry_norm(params, cfg, h)
+        h, cache = M.core_pass(params, cfg, h, positions, cache, start, jnp.int32(depth))
+        _, cache = M.readout(params, cfg, h, positions, cache, start)
+    return cache
+
+
+def begin(dstate, consts, *, cfg, window_size):
+    """§6.5 steps 1-3 (finish test, top-up): the identity on a finished state."""
+    return S.begin_window(dstate, window_size=window_size, max_new_tokens=consts["max_new_tokens"],
+                          stop_ids=consts["stop_ids"], mask_id=cfg.mask_token_id)
+
+
+def open_window(params, cache, dstate, consts, *, cfg):
+    """§6.5 step 4 and the window's one-time part of §2.4: packing, embedding, prelude."""
+    packed = S.pack_window(dstate.window, dstate.cache_len, mask_id=cfg.mask_token_id)
+    pst = S.init_pass_state(packed, consts["penalty"])
+    h = M.embed(params, packed.ids)
+    h, cache = M.prelude(params, cfg, h, packed.positions, cache, packed.start)
+    return cache, h, packed, pst
+
+
+def window_pass(params, cache, h, packed, pst, depth, consts, *, cfg, mode):
+    """One recurrent pass (§6.4): inject, core at ``depth``, readout, heads, decision, carry norm."""
+    rows, tok = S.injection_rows(pst)
+    h = jnp.where(rows[:, None], M.embed(params, tok), h)
+    h, cache = M.core_pass(params, cfg, h, packed.positions, cache, packed.start, depth)
+    r, cache = M.readout(params, cfg, h, packed.positions, cache, packed.start)
+    logits = M.lm_logits(params, r)
+    pred = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    entropy = S.entropy_from_logits(logits)
+    hazard = M.gate_hazard(params, r, depth)
+    pst, stop = S.decide_pass(pst, pred, entropy, hazard, depth, q=consts["q"], tau=consts["tau"],
+                              mode=mode, max_depth=cfg.max_depth)
+    h = M.carry_norm(params, cfg, h)
+    return cache, h, pst, stop
+
+
+def close_window(cache, dstate, packed, pst, executed, consts, *, cfg, window_size):
+    """§5 completion, §6.5 steps 5-8, then the next window's finish test and top-up."""
+    cache = M.complete_depths(cache, packed.start, packed.ids.shape[0], executed)
+    dstate = S.end_window(dstate, packed, pst, executed)
+    return cache, begin(dstate, consts, cfg=cfg, window_size=window_size)
+
+
+# ---------------------------------------------------------------------------------------------
+# The single-request program
+# ---------------------------------------------------------------------------------------------
+
+
+def _single_program(params, cache, prompt, prompt_len, consts, *, cfg, window_size, mode, capacity):
+    """Prefill + outer window loop + inner pass loop, one request. Returns ``(cache, DecodeState)``."""
+    TRACE_COUNTS["single"] += 1
+    cache = prefill(params, cache, prompt, cfg=cfg)
+    dstate = S.DecodeState.initial(rows=2 * window_size, capacity=capacity,
+                                   mask_id=cfg.mask_token_id, cache_len=prompt_len)
+    dstate = begin(dstate, consts, cfg=cfg, window_size=window_size)
+
+    def window_body(carry):
+        cache, dstate = carry
+        cache, h, packed, pst = open_window(params, cache, dstate, consts, cfg=cfg)
+
+        def pass_body(inner):
+            s, cache, h, pst, _ = inner
+            cache, h, pst, stop = window_pass(params, cache, h, packed, pst, s, consts,
+                                              cfg=cfg, mode=mode)
+            return s + 1, cache, h, pst, stop
+
+        executed, cache, h, pst, _ = jax.lax.while_loop(
+            lambda inner: ~inner[4], pass_body, (jnp.int32(0), cache, h, pst, jnp.bool_(False)))
+        return close_window(cache, dstate, packed, pst, executed, consts, cfg=cfg,
+                            window_size=window_size)
+
+    return jax.lax.while_loop(lambda carry: ~carry[1].finished, window_body, (cache, dstate))
+
+
+def _prefill_program(params, cache, prompt, *, cfg):
+    """The prefill alone (timed once per bucket to report ``prefill_seconds``)."""
+    TRACE_COUNTS["prefill"] += 1
+    return prefill(params, cache, prompt, cfg=cfg)
+
+
+_JIT = {
+    "single": jax.jit(_single_program, static_argnames=("cfg", "window_size", "mode", "capacity"),
+                      donate_argnames=("cache",)),
+    "prefill": jax.jit(_prefill_program, static_argnames=("cfg",), donate_argnames=("cache",)),
+}
+
+# Executables shared by every engine in the process: (program, cfg, params signature, bucket, mode).
+_COMPILED: dict[tuple, Any] = {}
+
+
+def _signature(tree) -> tuple:
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return (str(treedef),) + tuple(
+        (tuple(x.shape), str(x.dtype), str(getattr(x, "sharding", None))) for x in leaves)
+
+
+def _spec(tree):
+    return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), tree)
+
+
+def enable_persistent_cache(directory: str | None) -> None:
+    """Turns on JAX's persistent compilation cache in ``directory`` (every program is cached)."""
+    if not directory:
+        return
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine
+# ---------------------------------------------------------------------------------------------
+
+
+class CompiledEngine:
+    """Greedy adaptive decoding where one request is one compiled XLA program execution.
+
+    Same constructor and ``generate`` contract as :class:`~alodlm_jax.decode.portable.PortableEngine`;
+    :meth:`generate_batch` decodes several requests together (see :mod:`.batched`).
+
+    Args:
+      cfg, params, decode, stop_ids: as for the portable engine.
+      batch_size: requests per batched program in :meth:`generate_batch`.
+      compilation_cache_dir: enables JAX's persistent compilation cache there.
+      measure_prefill: time the bucket's prefill once at compile time for ``prefill_seconds``
+        (otherwise ``prefill_seconds`` is reported as 0.0).
+      cache_slots: a fixed, larger cache size (benchmarks: time against ``max_new_tokens`` at a
+        constant per-pass attention length). Outputs then equal the portable engine's only up to
+        fp32 rounding, since the attention reductions run over a different buffer length.
+    """
+
+    name = "jax-xla-compiled"
+
+    def __init__(self, cfg, params, decode: DecodeConfig, stop_ids: Sequence[int], *,
+                 batch_size: int = 1, compilation_cache_dir: str | None = None,
+                 measure_prefill: bool = True, cache_slots: int | None = None):
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        enable_persistent_cache(compilation_cache_dir)
+        self.cfg = cfg
+        self.params = params
+        self.decode = decode
+        self.stop_ids = sorted({int(i) for i in stop_ids})
+        self.batch_size = int(batch_size)
+        self.measure_prefill = measure_prefill
+        self.cache_slots = cache_slots
+        self.dtype = params["embed"].dtype
+        self.compile_seconds = 0.0
+        self._params_signature = _signature(params)
+        self._caches: dict[tuple[int, int], Any] = {}  # (batch, t_max) -> cache, reused
+        self._prefill_seconds: dict[Bucket, float] = {}
+
+    # -- inputs ------------------------------------------------------------------------------
+
+    def consts(self) -> dict[str, jax.Array]:
+        """The runtime decoding inputs shared by every request."""
+        d = self.decode
+        stop = list(self.stop_ids) + [-1] * max(0, STOP_ID_SLOTS - len(self.stop_ids))
+        return {
+            "max_new_tokens": jnp.asarray(d.max_new_tokens, jnp.int32),
+            "stop_ids": jnp.asarray(stop, jnp.int32),
+            "penalty": jnp.asarray(d.effective_position_penalty, jnp.float32),
+            "q": jnp.asarray(d.q, jnp.float32),
+            "tau": jnp.asarray(d.tau, jnp.float32),
+        }
+
+    def bucket_for(self, prompt_len: int, batch: int = 1) -> Bucket:
+        bucket = Bucket.for_request(prompt_len, self.decode, batch)
+        if self.cache_slots is not None:
+            if self.cache_slots < bucket.cache_slots:
+                raise ValueError(f"cache_slots must be at least {bucket.cache_slots}")
+            bucket = dataclasses.replace(bucket, cache_slots=int(self.cache_slots))
+        return bucket
+
+    def check_request(self, prompt_ids: Sequence[int]) -> list[int]:
+        """§6.1 request checks (ValueError), exactly the portable engine's."""
+        from alodlm_jax.decode.portable import PortableEngine
+
+        return PortableEngine.check_request(self, prompt_ids)  # uses only cfg and decode
+
+    def take_cache(self, bucket: Bucket, batched: bool):
+        key = (bucket.batch if batched else 0, bucket.t_max)
+        cache = self._caches.pop(key, None)
+        if cache is None:
+            for other in list(self._caches):  # free buffers of other shapes first
+                del self._caches[other]
+            cache = M.init_cache(self.cfg, bucket.t_max, self.dtype)
+            if batched:
+                cache = jax.tree_util.tree_map(
+                    lambda x: jnp.broadcast_to(x, (bucket.batch,) + x.shape).copy(), cache)
+        return key, cache
+
+    def give_back_cache(self, key, cache) -> None:
+        self._caches[key] = cache
+
+    # -- compilation -------------------------------------------------------------------------
+
+    def get_executable(self, name: str, jitted, key: tuple, make_args: Callable):
+        full_key = (name, self.cfg, self._params_signature) + key
+        exe = _COMPILED.get(full_key)
+        if exe is None:
+            t0 = time.perf_counter()
+            args, kwargs = make_args()
+            exe = jitted.lower(*args, **kwargs).compile()
+            self.compile_seconds += time.perf_counter() - t0
+            _COMPILED[full_key] = exe
+        return exe
+
+    def compile_for(self, bucket: Bucket):
+        """Compiles (once per process and bucket) the single-request program; returns it."""
+        cfg, mode = self.cfg, self.decode.mode
+        params = _spec(self.params)
+        cache = jax.eval_shape(lambda: M.init_cache(self.cfg, bucket.t_max, self.dtype))
+        prompt = jax.ShapeDtypeStruct((bucket.prompt_bucket,), jnp.int32)
+        i32 = jax.ShapeDtypeStruct((), jnp.int32)
+        consts = _spec(self.consts())
+        statics = dict(cfg=cfg, window_size=bucket.window_size, mode=mode, capacity=bucket.capacity)
+        exe = self.get_executable("single", _JIT["single"], (bucket, mode), lambda: (
+            (params, cache, prompt, i32, consts), statics))
+        if self.measure_prefill and bucket not in self._prefill_seconds:
+            self._prefill_seconds[bucket] = self._time_prefill(bucket, params, cache, prompt)
+        return exe
+
+    def _time_prefill(self, bucket: Bucket, params_spec, cache_spec, prompt_spec) -> float:
+        exe = self.get_executable("prefill", _JIT["prefill"], (bucket.prompt_bucket, bucket.t_max),
+                                  lambda: ((params_spec, cache_spec, prompt_spec), {"cfg": self.cfg}))
+        key, cache = self.take_cache(bucket, batched=False)
+        ids = jnp.zeros((bucket.prompt_bucket,), jnp.int32)
+        times = []
+        for _ in range(3):
+            jax.block_until_ready((cache, ids))
+            t0 = time.perf_counter()
+            cache = exe(self.params, cache, ids)
+            jax.block_until_ready(cache)
+            times.append(time.perf_counter() - t0)
+        self.give_back_cache(key, cache)
+        return statistics.median(times)
+
+    # -- one request -------------------------------------------------------------------------
+
+    def _output(self, host, prompt_len: int, wall: float, prefill_seconds: float) -> DecodeOutput:
+        cfg = self.cfg
+        n = int(host.num_generated)
+        counters = dict(outer_steps=int(host.outer_steps),
+                        recurrent_passes=int(host.recurrent_passes),
+                        loop_token_passes=int(host.loop_token_passes))
+        work = work_counters(prompt_tokens=prompt_len, max_depth=cfg.max_depth,
+                             num_prelude=cfg.num_prelude_layers, num_core=cfg.num_core_layers,
+                             num_coda=cfg.num_coda_layers, window_rows=int(host.window_rows),
+                             **counters)
+        return DecodeOutput(
+            token_ids=np.asarray(host.out_tokens[:n]).tolist(),
+            exit_depths=np.asarray(host.out_exit[:n]).tolist(),
+            first_pass_halt_probabilities=[float(x) for x in np.asarray(host.out_halt[:n])],
+            prompt_tokens=prompt_len, wall_seconds=wall, prefill_seconds=prefill_seconds,
+            stop_reason="eos" if bool(host.hit_stop) else "length", work=work, **counters)
+
+    def generate(self, prompt_ids: Sequence[int]) -> DecodeOutput:
+        """Decodes one request with one program execution (compiling first, outside the timer)."""
+        prompt = self.check_request(prompt_ids)
+        bucket = self.bucket_for(len(prompt))
+        exe = self.compile_for(bucket)
+        padded = np.zeros((bucket.prompt_bucket,), np.int32)
+        padded[: len(prompt)] = prompt
+        ids = jnp.asarray(padded)
+        prompt_len = jnp.asarray(len(prompt), jnp.int32)
+        consts = self.consts()
+        key, cache = self.take_cache(bucket, batched=False)
+        jax.block_until_ready((cache, ids, prompt_len, consts, self.params))
+
+        start = time.perf_counter()
+        cache, dstate = exe(self.params, cache, ids, prompt_len, consts)
+        host = jax.device_get(dstate)
+        wall = time.perf_counter() - start
+        self.give_back_cache(key, cache)
+        return self._output(host, len(prompt), wall, self._prefill_seconds.get(bucket, 0.0))
+
+    # -- several requests --------------------------------------------------------------------
+
+    def generate_batch(self, prompts: Sequence[Sequence[int]], *, batch_size: int | None = None,
+                       text: Callable[[list[int]], str] | None = None) -> list:
+        """Decodes ``prompts`` ``batch_size`` at a time (see :mod:`.batched`), in input order.
+
+        Returns :class:`DecodeOutput` objects, or §6.6 result dicts when ``text`` (token ids ->
+        decoded text) is given. Each output equals decoding the prompt alone; its ``wall_seconds``
+        is the batch's wall time divided by the requests in the batch.
+        """
+        from alodlm_jax.decode import batched
+
+        outs = batched.generate_batched(self, prompts, batch_size or self.batch_size)
+        if text is None:
+            return outs
+        return [result_dict(out, text(out.token_ids)) for out in outs]

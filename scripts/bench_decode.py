@@ -1,0 +1,380 @@
+"""Decode throughput of the eager PyTorch reference, the portable engine, the compiled engine and the
+batched compiled engine on two generated fp32 checkpoints (CPU), with a matmul roofline.
+
+    python scripts/bench_decode.py                 # both models, 128 new tokens, batch 8
+    python scripts/bench_decode.py --quick         # 32 new tokens, smaller scaling sweep
+    python scripts/bench_decode.py --models small --json /tmp/bench.json
+
+Checkpoints (random weights, reference file format, built once under --workdir):
+
+* small:  6 layers, loop [2,4), H 128, 4 heads x 32, 2 KV heads, MLP 256, vocab 1024;
+* medium: 8 layers, loop [2,6), H 1024, 16 heads x 64, 8 KV heads, MLP 3072, vocab 32768.
+
+The LM head is scaled so that entropy mode (q 0.5, tau 0.4) commits a few tokens per window; the
+script prints the measured tokens per window. No stop ids are used, so every run generates exactly
+``max_new_tokens`` tokens and the engines do identical work.
+
+Batch: the same ``batch`` prompts decoded one at a time by the compiled engine (``compiled-seqN``,
+the batch-1 baseline) and together (``compiled-batchN``); a batch runs until its slowest request
+ends (finished requests idle), so prompt diversity costs throughput.
+
+Metrics per engine and mode: tokens/s (generated tokens / wall seconds, prefill included), passes/s
+and ms per pass (recurrent passes, prefill excluded from the count but not from the time),
+useful GFLOP/s (``2 * P_layer * token_layer_calls + 2 * H * V * loop_token_passes`` over wall time:
+real window rows only, the compiled engines' padding rows are not counted) and compile seconds.
+The roofline is this machine's own jitted fp32 matmul rate for the pass's main shapes
+(``[R, H] x [H, I]``, ``[R, H] x [H, V]`` with ``R = 2 * window`` rows, ``R * batch`` for the batch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import pathlib
+import statistics
+import sys
+import time
+
+import numpy as np
+
+MODELS = {
+    "small": dict(num_layers=6, loop_start=2, loop_end=4, hidden_size=128, num_heads=4, head_dim=32,
+                  num_kv_heads=2, intermediate_size=256, vocab_size=1024, lm_head_scale=36.0),
+    "medium": dict(num_layers=8, loop_start=2, loop_end=6, hidden_size=1024, num_heads=16,
+                   head_dim=64, num_kv_heads=8, intermediate_size=3072, vocab_size=32768,
+                   lm_head_scale=14.0),
+}
+GOALS = {
+    "small": {"compiled/torch": 10.0, "compiled/portable": 3.0, "batch/compiled": 4.0},
+    "medium": {"compiled/torch": 1.5, "compiled/roofline": 0.70, "batch/compiled": 2.0},
+}
+
+
+def build_checkpoint(workdir: pathlib.Path, name: str, scale: float | None) -> pathlib.Path:
+    from alodlm_jax.testing.tiny_checkpoint import TinySpec, build_tiny_checkpoint
+
+    dims = dict(MODELS[name])
+    dims["lm_head_scale"] = scale if scale is not None else dims["lm_head_scale"]
+    out = workdir / f"{name}-x{dims['lm_head_scale']:g}"
+    if not (out / "alodlm_config.json").is_file():
+        t0 = time.perf_counter()
+        spec = TinySpec(topology="sandwich", max_position_embeddings=2048, seed=1234, **dims)
+        build_tiny_checkpoint(out, spec)
+        print(f"[build] {name}: {out} in {time.perf_counter() - t0:.1f} s", flush=True)
+    return out
+
+
+def layer_params(cfg) -> int:
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    q = cfg.num_attention_heads * cfg.head_dim
+    kv = cfg.num_key_value_heads * cfg.head_dim
+    return h * q + 2 * h * kv + q * h + 3 * h * i
+
+
+def useful_flops(cfg, work, loop_token_passes: int) -> float:
+    return 2.0 * layer_params(cfg) * work.token_layer_calls + \
+        2.0 * cfg.hidden_size * cfg.vocab_size * loop_token_passes
+
+
+def matmul_rate(rows: int, cfg, repeats: int = 20) -> float:
+    """GFLOP/s of jitted fp32 matmuls of a pass's main shapes at ``rows`` rows (median timing)."""
+    import jax
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(0)
+    shapes = [(cfg.hidden_size, cfg.intermediate_size), (cfg.hidden_size, cfg.vocab_size)]
+    total_flops = total_time = 0.0
+    for k, n in shapes:
+        x = jnp.asarray(rng.standard_normal((rows, k)), jnp.float32)
+        w = jnp.asarray(rng.standard_normal((k, n)), jnp.float32)
+        f = jax.jit(lambda a, b: jnp.dot(a, b, precision=jax.lax.Precision.HIGHEST))
+        f(x, w).block_until_ready()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            f(x, w).block_until_ready()
+            times.append(time.perf_counter() - t0)
+        total_flops += 2.0 * rows * k * n
+        total_time += statistics.median(times)
+    return total_flops / total_time / 1e9
+
+
+def numpy_matmul_rate(rows: int, cfg, repeats: int = 20) -> float:
+    rng = np.random.default_rng(0)
+    k, n = cfg.hidden_size, cfg.vocab_size
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    x @ w
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        x @ w
+        times.append(time.perf_counter() - t0)
+    return 2.0 * rows * k * n / statistics.median(times) / 1e9
+
+
+@dataclasses.dataclass
+class Row:
+    engine: str
+    tokens: int
+    wall: float
+    passes: int
+    flops: float
+    compile_seconds: float
+    tokens_per_window: float
+
+    def as_dict(self) -> dict:
+        return {
+            "engine": self.engine, "tokens": self.tokens, "wall_seconds": self.wall,
+            "tokens_per_second": self.tokens / self.wall, "recurrent_passes": self.passes,
+            "passes_per_second": self.passes / self.wall,
+            "ms_per_pass": 1e3 * self.wall / max(self.passes, 1),
+            "useful_gflops_per_second": self.flops / self.wall / 1e9,
+            "compile_seconds": self.compile_seconds, "tokens_per_window": self.tokens_per_window,
+        }
+
+
+def run_model(name: str, args) -> dict:
+    import jax
+
+    from alodlm_jax.config import DecodeConfig
+    from alodlm_jax.decode.compiled import CompiledEngine
+    from alodlm_jax.decode.portable import PortableEngine
+    from alodlm_jax.params import load_model
+
+    path = build_checkpoint(pathlib.Path(args.workdir), name, args.lm_head_scale)
+    cfg, params = load_model(str(path), "fp32")
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(13, cfg.vocab_size, size=args.prompt_tokens).tolist()
+               for _ in range(args.batch)]
+    torch_model = None
+    if not args.skip_torch:
+        import torch
+
+        from alodlm_jax.torch_reference import TorchALoDLM
+
+        torch.manual_seed(0)
+        torch_model = TorchALoDLM.from_checkpoint(path, "fp32")
+
+    report = {"model": name, "config": dataclasses.asdict(cfg), "modes": {},
+              "roofline": {}, "goals": {}}
+    r1, rb = 2 * args.window_size, 2 * args.window_size * args.batch
+    report["roofline"] = {
+        f"jax_matmul_gflops_rows{r1}": matmul_rate(r1, cfg),
+        f"jax_matmul_gflops_rows{rb}": matmul_rate(rb, cfg),
+        f"numpy_lm_head_gflops_rows{r1}": numpy_matmul_rate(r1, cfg),
+    }
+    for mode in args.modes:
+        decode = DecodeConfig(q=0.5, tau=0.4, window_size=args.window_size,
+                              max_new_tokens=args.max_new_tokens, mode=mode)
+        rows: list[Row] = []
+        tokens: dict[str, list[int]] = {}
+
+        def add(engine: str, out_tokens, wall, passes, outer, work, ltp, compile_s):
+            flops = useful_flops(cfg, work, ltp)
+            tokens[engine] = out_tokens
+            rows.append(Row(engine, len(out_tokens), wall, passes, flops, compile_s,
+                            len(out_tokens) / max(outer, 1)))
+
+        if torch_model is not None:
+            # Its token-layer counters need the summed window lengths, which the torch result does
+            # not report: the compiled engine's are used (identical when the tokens agree).
+            torch_res = torch_model.generate(prompts[0], decode, stop_ids=[])
+        for engine_name, make in (("portable", lambda: PortableEngine(cfg, params, decode, [])),
+                                  ("compiled", lambda: CompiledEngine(cfg, params, decode, []))):
+            engine = make()
+            warmup(engine, prompts[0], decode)
+            # First executions pay allocation and thread-pool start-up: best of `repeats` runs.
+            out = min((engine.generate(prompts[0]) for _ in range(args.repeats)),
+                      key=lambda o: o.wall_seconds)
+            add(engine_name, out.token_ids, out.wall_seconds, out.recurrent_passes,
+                out.outer_steps, out.work, out.loop_token_passes, engine.compile_seconds)
+            if engine_name == "compiled":
+                compiled_work = out.work
+        if torch_model is not None:
+            add("torch-eager", torch_res["token_ids"], torch_res["wall_seconds"],
+                torch_res["recurrent_passes"], torch_res["outer_steps"], compiled_work,
+                torch_res["loop_token_passes"], 0.0)
+        if args.batch > 1 and mode in args.batch_modes:
+            # Batch 1 baseline on the same prompts: the compiled engine, one request at a time.
+            single = CompiledEngine(cfg, params, decode, [])
+            single.generate(prompts[-1])  # warm execution
+            seq = [single.generate(p) for p in prompts]
+            rows.append(Row(f"compiled-seq{args.batch}", sum(len(o.token_ids) for o in seq),
+                            sum(o.wall_seconds for o in seq), sum(o.recurrent_passes for o in seq),
+                            sum(useful_flops(cfg, o.work, o.loop_token_passes) for o in seq), 0.0,
+                            sum(len(o.token_ids) for o in seq) / sum(o.outer_steps for o in seq)))
+            engine = CompiledEngine(cfg, params, decode, [], batch_size=args.batch)
+            from alodlm_jax.decode import batched
+            from alodlm_jax.decode.compiled import Bucket
+
+            batched.compile_batch(engine, Bucket.for_request(len(prompts[0]), decode, args.batch))
+            engine.generate_batch(prompts[:1])  # warm execution (one live request, 7 idle)
+            outs = engine.generate_batch(prompts)
+            wall = sum(o.wall_seconds for o in outs)
+            flops = sum(useful_flops(cfg, o.work, o.loop_token_passes) for o in outs)
+            ntok = sum(len(o.token_ids) for o in outs)
+            tokens[f"batch{args.batch}[0]"] = outs[0].token_ids
+            batch_same = all(a.token_ids == b.token_ids for a, b in zip(seq, outs))
+            rows.append(Row(f"compiled-batch{args.batch}", ntok, wall,
+                            sum(o.recurrent_passes for o in outs), flops, engine.compile_seconds,
+                            ntok / max(sum(o.outer_steps for o in outs), 1)))
+            report.setdefault("batch_same_tokens", {})[mode] = batch_same
+        same = len({tuple(t) for t in tokens.values()}) == 1
+        report["modes"][mode] = {"rows": [r.as_dict() for r in rows], "same_tokens": same,
+                                 "token_sets": {k: len(v) for k, v in tokens.items()}}
+    report["goals"] = goals(name, report, args)
+    return report
+
+
+def warmup(engine, prompt, decode) -> None:
+    """Compiles every program a request needs (no discarded full generation: saves minutes)."""
+    from alodlm_jax.decode import compiled, portable
+
+    if isinstance(engine, portable.PortableEngine):
+        engine.compile_for(portable.Shapes.for_request(len(prompt), decode))
+    else:
+        engine.compile_for(compiled.Bucket.for_request(len(prompt), decode))
+
+
+def goals(name: str, report: dict, args) -> dict:
+    out = {}
+    mode = report["modes"].get("entropy") or next(iter(report["modes"].values()))
+    by = {r["engine"]: r for r in mode["rows"]}
+    tps = lambda e: by[e]["tokens_per_second"] if e in by else None  # noqa: E731
+    checks = {
+        "compiled/torch": (tps("compiled"), tps("torch-eager")),
+        "compiled/portable": (tps("compiled"), tps("portable")),
+        "batch/compiled": (tps(f"compiled-batch{args.batch}"), tps(f"compiled-seq{args.batch}")),
+    }
+    roof = report["roofline"].get(f"jax_matmul_gflops_rows{2 * args.window_size}")
+    if "compiled" in by and roof:
+        checks["compiled/roofline"] = (by["compiled"]["useful_gflops_per_second"], roof)
+    for key, target in GOALS[name].items():
+        num, den = checks.get(key, (None, None))
+        if num is None or den is None:
+            out[key] = {"target": target, "measured": None, "met": None}
+        else:
+            out[key] = {"target": target, "measured": num / den, "met": num / den >= target}
+    return out
+
+
+def scaling(args) -> list[dict]:
+    """Compiled engine, small model, entropy mode: wall time against max_new_tokens."""
+    from alodlm_jax.config import DecodeConfig
+    from alodlm_jax.decode.compiled import CompiledEngine
+    from alodlm_jax.params import load_model
+
+    path = build_checkpoint(pathlib.Path(args.workdir), "small", None)
+    cfg, params = load_model(str(path), "fp32")
+    prompt = np.random.default_rng(7).integers(13, cfg.vocab_size, size=args.prompt_tokens).tolist()
+    out = []
+    # Default buckets (cache grows with the budget: attention reads every slot, so ms/pass grows),
+    # then one fixed cache size: constant ms/pass there means no per-iteration whole-buffer copies
+    # (the jax issue 40101 pattern), i.e. time linear in the number of passes.
+    fixed = next_pow2_slots(len(prompt), max(args.scaling), args.window_size)
+    for slots in (None, fixed):
+        for n in args.scaling:
+            decode = DecodeConfig(q=0.5, tau=0.4, window_size=args.window_size, max_new_tokens=n)
+            engine = CompiledEngine(cfg, params, decode, [], measure_prefill=False,
+                                    cache_slots=slots)
+            engine.generate(prompt)
+            walls = []
+            for _ in range(3):
+                res = engine.generate(prompt)
+                walls.append(res.wall_seconds)
+            wall = statistics.median(walls)
+            out.append({"max_new_tokens": n, "t_max": engine.bucket_for(len(prompt)).t_max,
+                        "fixed_cache": slots is not None,
+                        "wall_seconds": wall, "ms_per_token": 1e3 * wall / len(res.token_ids),
+                        "ms_per_pass": 1e3 * wall / res.recurrent_passes,
+                        "recurrent_passes": res.recurrent_passes})
+    return out
+
+
+def next_pow2_slots(prompt_len: int, max_new: int, window: int) -> int:
+    from alodlm_jax.config import DecodeConfig
+    from alodlm_jax.decode.compiled import Bucket
+
+    return Bucket.for_request(prompt_len, DecodeConfig(max_new_tokens=max_new,
+                                                       window_size=window)).cache_slots
+
+
+def print_report(report: dict) -> None:
+    print(f"\n== {report['model']} ==")
+    for key, value in report["roofline"].items():
+        print(f"  roofline {key}: {value:.2f}")
+    for mode, body in report["modes"].items():
+        print(f"  -- mode {mode} (same tokens across engines: {body['same_tokens']}, "
+              f"lengths {body['token_sets']})")
+        print(f"  {'engine':<18}{'tok/s':>10}{'passes/s':>10}{'ms/pass':>10}{'GFLOP/s':>10}"
+              f"{'compile s':>11}{'tok/window':>11}")
+        for r in body["rows"]:
+            print(f"  {r['engine']:<18}{r['tokens_per_second']:>10.1f}{r['passes_per_second']:>10.1f}"
+                  f"{r['ms_per_pass']:>10.2f}{r['useful_gflops_per_second']:>10.2f}"
+                  f"{r['compile_seconds']:>11.1f}{r['tokens_per_window']:>11.2f}")
+    if "batch_same_tokens" in report:
+        print(f"  batch outputs equal one-at-a-time outputs (tokens): {report['batch_same_tokens']}")
+    for key, g in report["goals"].items():
+        measured = "n/a" if g["measured"] is None else f"{g['measured']:.2f}"
+        status = {True: "met", False: "NOT met", None: "not measured"}[g["met"]]
+        print(f"  goal {key} >= {g['target']}: measured {measured} -> {status}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="32 new tokens, scaling 32/64/128")
+    parser.add_argument("--models", default="small,medium")
+    parser.add_argument("--modes", default="entropy,left1")
+    parser.add_argument("--workdir", default=os.environ.get("ALODLM_BENCH_DIR", "/tmp/alodlm_bench"))
+    parser.add_argument("--max_new_tokens", type=int, default=128)
+    parser.add_argument("--prompt_tokens", type=int, default=16)
+    parser.add_argument("--window_size", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=2, help="timed runs per engine (best kept)")
+    parser.add_argument("--batch_modes", default="entropy",
+                        help="modes that also run the batch (and its batch-1 baseline)")
+    parser.add_argument("--lm_head_scale", type=float, default=None,
+                        help="override the model's LM-head scale")
+    parser.add_argument("--scaling", default=None,
+                        help="max_new_tokens values for the time-vs-budget sweep (default "
+                        "64,128,256; --quick: 32,64,128; '' to skip)")
+    parser.add_argument("--skip_torch", action="store_true")
+    parser.add_argument("--json", default=None, help="write the full report here")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.max_new_tokens = 32
+    if args.scaling is None:
+        args.scaling = "32,64,128" if args.quick else "64,128,256"
+    args.modes = [m for m in args.modes.split(",") if m]
+    args.batch_modes = [m for m in args.batch_modes.split(",") if m]
+    args.scaling = [int(x) for x in args.scaling.split(",") if x]
+    pathlib.Path(args.workdir).mkdir(parents=True, exist_ok=True)
+
+    import jax
+
+    print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}; {os.cpu_count()} CPUs; "
+          f"{args.max_new_tokens} new tokens, window {args.window_size}, prompt "
+          f"{args.prompt_tokens}, batch {args.batch}", flush=True)
+    full = {"args": {k: v for k, v in vars(args).items()}, "models": [], "scaling": None}
+    for name in [m for m in args.models.split(",") if m]:
+        report = run_model(name, args)
+        print_report(report)
+        full["models"].append(report)
+    if args.scaling:
+        full["scaling"] = scaling(args)
+        print("\n== compiled engine, small model, entropy: time vs max_new_tokens ==")
+        for s in full["scaling"]:
+            print(f"  {'fixed' if s['fixed_cache'] else 'bucket':<6} max_new {s['max_new_tokens']:>5}  "
+                  f"t_max {s['t_max']:>5}  wall "
+                  f"{s['wall_seconds']:.4f} s  {s['ms_per_token']:.3f} ms/token  "
+                  f"{s['ms_per_pass']:.3f} ms/pass  passes {s['recurrent_passes']}")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(full, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
