@@ -356,21 +356,10 @@ def load_sharded_params(model_dir: str | pathlib.Path, cfg, mesh: Mesh, dtype: s
 def load_sharded_model(model: str | pathlib.Path, mesh: Mesh, dtype: str = "bf16", *,
                        model_config_yaml=None):
     """``(ModelConfig, sharded params)`` from a converted dir, an HF dir or a Hub id."""
-    from alodlm_convert.checkpoint import DTYPE_CHOICES
-    from alodlm_convert.errors import CheckpointError
-    from alodlm_convert.load import is_converted_dir
+    from alodlm_convert.load import locate_checkpoint
 
-    if dtype not in DTYPE_CHOICES:
-        raise CheckpointError(f"dtype must be one of {DTYPE_CHOICES}, got {dtype!r}")
-    path = pathlib.Path(model)
-    if not path.is_dir():
-        from alodlm_convert.resolve import resolve_model
-
-        path = resolve_model(str(model))
-    if is_converted_dir(path):
-        if model_config_yaml is not None:
-            raise CheckpointError("a converted directory carries its own alodlm_config.json; "
-                                  "--model_config applies to Hugging Face checkpoints only", where=str(path))
+    path, converted = locate_checkpoint(model, dtype, model_config_yaml)
+    if converted:
         cfg, sources, gate, target = _converted_sources(path, dtype)
     else:
         cfg, sources, gate, target = _hf_sources(path, dtype, model_config_yaml)

@@ -132,6 +132,19 @@ def load_params(model: str | pathlib.Path, dtype: str = "keep",
     ``model_config_yaml`` replaces ``alodlm_config.json`` for HF checkpoints (the reference's
     ``--model-config``); a converted directory always carries its own recurrence config.
     """
+    path, converted = locate_checkpoint(model, dtype, model_config_yaml)
+    if converted:
+        return _load_converted(path, dtype)
+    return _load_hf(path, dtype, model_config_yaml)
+
+
+def locate_checkpoint(model: str | pathlib.Path, dtype: str,
+                      model_config_yaml: str | pathlib.Path | None = None) -> tuple[pathlib.Path, bool]:
+    """Checks the load arguments and finds the directory: ``(path, is_converted_dir)``.
+
+    A directory is used as is; anything else goes through :func:`resolve_model` (a Hub id is
+    downloaded). Shared by every loader (numpy here, sharded JAX arrays in ``alodlm_jax.sharding``).
+    """
     if dtype not in DTYPE_CHOICES:
         raise CheckpointError(f"dtype must be one of {DTYPE_CHOICES}, got {dtype!r}")
     path = pathlib.Path(model)
@@ -139,9 +152,8 @@ def load_params(model: str | pathlib.Path, dtype: str = "keep",
         from alodlm_convert.resolve import resolve_model
 
         path = resolve_model(str(model))
-    if is_converted_dir(path):
-        if model_config_yaml is not None:
-            raise CheckpointError("a converted directory carries its own alodlm_config.json; "
-                                  "--model_config applies to Hugging Face checkpoints only", where=str(path))
-        return _load_converted(path, dtype)
-    return _load_hf(path, dtype, model_config_yaml)
+    converted = is_converted_dir(path)
+    if converted and model_config_yaml is not None:
+        raise CheckpointError("a converted directory carries its own alodlm_config.json; "
+                              "--model_config applies to Hugging Face checkpoints only", where=str(path))
+    return path, converted
