@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import statistics
 import time
 from typing import Any, Callable, Sequence
@@ -55,6 +54,7 @@ import numpy as np
 from alodlm_jax import model as M
 from alodlm_jax.config import DecodeConfig
 from alodlm_jax.decode import state as S
+from alodlm_jax.decode.portable import _signature, _spec, prefill  # shared with the portable engine
 from alodlm_jax.decode.result import DecodeOutput, result_dict, work_counters
 
 STOP_ID_SLOTS = 8
@@ -110,19 +110,6 @@ class Bucket:
 # ---------------------------------------------------------------------------------------------
 # Per-request pieces (pure; the batched program vmaps exactly these)
 # ---------------------------------------------------------------------------------------------
-
-
-def prefill(params, cache, ids, *, cfg):
-    """§6.2: causal forward over the padded prompt, all ``K`` passes, K/V into slots ``0..P_b-1``."""
-    positions = jnp.arange(ids.shape[0], dtype=jnp.int32)
-    start = jnp.int32(0)
-    h, cache = M.prelude(params, cfg, M.embed(params, ids), positions, cache, start)
-    for depth in range(cfg.max_depth):
-        if depth > 0:
-            h = M.carry_norm(params, cfg, h)
-        h, cache = M.core_pass(params, cfg, h, positions, cache, start, jnp.int32(depth))
-        _, cache = M.readout(params, cfg, h, positions, cache, start)
-    return cache
 
 
 def begin(dstate, consts, *, cfg, window_size):
@@ -208,16 +195,6 @@ _JIT = {
 
 # Executables shared by every engine in the process: (program, cfg, params signature, bucket, mode).
 _COMPILED: dict[tuple, Any] = {}
-
-
-def _signature(tree) -> tuple:
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    return (str(treedef),) + tuple(
-        (tuple(x.shape), str(x.dtype), str(getattr(x, "sharding", None))) for x in leaves)
-
-
-def _spec(tree):
-    return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), tree)
 
 
 def enable_persistent_cache(directory: str | None) -> None:
