@@ -6,6 +6,7 @@
                          decode_config=DecodeConfig(q=0.5, tau=0.4))
     gen.generate_ids(gen.chat_prompt_ids("Return value one"))   # the §6.6 result dict
     gen.generate(formatted_prompt)   # evaluation: the prompt is tokenized verbatim
+    gen.generate_batch([p1, p2])     # several verbatim prompts (compiled engine, batch_size > 1)
 
 Importing this module does not touch Hugging Face's offline settings (MODEL_AND_DECODING.md §4.6):
 ``HF_HUB_OFFLINE`` stays whatever the caller's environment says.
@@ -66,19 +67,47 @@ def jax_device(device: str):
     return devices[0]
 
 
-def make_engine(engine: str, cfg, params, decode: DecodeConfig, stop_ids: Sequence[int]):
-    """The decoding engine by name: ``portable`` or ``compiled``."""
+BATCH_NEEDS_COMPILED = "--batch_size > 1 needs --engine compiled"
+
+
+def make_engine(engine: str, cfg, params, decode: DecodeConfig, stop_ids: Sequence[int], *,
+                batch_size: int = 1, compilation_cache_dir: str | None = None):
+    """The decoding engine by name: ``portable`` or ``compiled``.
+
+    ``batch_size`` (requests decoded together by ``generate_batch``) needs the compiled engine;
+    ``compilation_cache_dir`` turns on JAX's persistent compilation cache for either engine.
+    """
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {list(ENGINES)}, got {engine!r}")
+    check_batch_size(engine, batch_size)
     if engine == "portable":
         from alodlm_jax.decode.portable import PortableEngine
 
+        if compilation_cache_dir:
+            enable_compilation_cache(compilation_cache_dir)
         return PortableEngine(cfg, params, decode, stop_ids)
     try:
         from alodlm_jax.decode.compiled import CompiledEngine
     except ImportError as error:
         raise ValueError(f"the compiled engine is not available ({error})") from None
-    return CompiledEngine(cfg, params, decode, stop_ids)
+    return CompiledEngine(cfg, params, decode, stop_ids, batch_size=batch_size,
+                          compilation_cache_dir=compilation_cache_dir)
+
+
+def check_batch_size(engine: str, batch_size: int) -> None:
+    """ValueError unless ``batch_size`` is a positive integer the ``engine`` can decode."""
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"--batch_size must be a positive integer, got {batch_size!r}")
+    if batch_size > 1 and engine != "compiled":
+        raise ValueError(BATCH_NEEDS_COMPILED)
+
+
+def enable_compilation_cache(directory: str | None) -> None:
+    """JAX's persistent compilation cache in ``directory`` (every program cached); None: no-op."""
+    if directory:
+        from alodlm_jax.decode.compiled import enable_persistent_cache
+
+        enable_persistent_cache(str(directory))
 
 
 class Generator:
@@ -86,7 +115,7 @@ class Generator:
 
     def __init__(self, *, cfg, params, tokenizer, model_dir: pathlib.Path | None, precision: str,
                  device: str, engine: str = "portable", decode_config: DecodeConfig | None = None,
-                 jax_device=None):
+                 jax_device=None, batch_size: int = 1, compilation_cache_dir: str | None = None):
         import jax
 
         self.cfg = cfg
@@ -96,16 +125,20 @@ class Generator:
         self.precision = precision
         self.device = device
         self.engine_name = engine
+        self.batch_size = batch_size
         self.decode_config = decode_config or DecodeConfig()
         self.stop_ids = stop_ids_for(tokenizer)
         self._jax_device = jax_device or jax.devices()[0]
         with jax.default_device(self._jax_device):
-            self.engine = make_engine(engine, cfg, params, self.decode_config, self.stop_ids)
+            self.engine = make_engine(engine, cfg, params, self.decode_config, self.stop_ids,
+                                      batch_size=batch_size,
+                                      compilation_cache_dir=compilation_cache_dir)
 
     @classmethod
     def load(cls, model: str, *, precision: str = "fp32", device: str = "cpu",
              engine: str = "portable", decode_config: DecodeConfig | None = None,
-             model_config: str | None = None) -> "Generator":
+             model_config: str | None = None, batch_size: int = 1,
+             compilation_cache_dir: str | None = None) -> "Generator":
         """Loads a converted directory, an HF checkpoint directory or a Hub id onto ``device``."""
         import jax
 
@@ -116,6 +149,7 @@ class Generator:
             raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {list(ENGINES)}, got {engine!r}")
+        check_batch_size(engine, batch_size)  # before the (slow) load
         decode_config = decode_config or DecodeConfig()
         target = jax_device(device)
         model_dir = resolve_model(model)
@@ -125,7 +159,8 @@ class Generator:
         tokenizer = load_tokenizer(model_dir)
         return cls(cfg=cfg, params=params, tokenizer=tokenizer, model_dir=model_dir,
                    precision=precision, device=device, engine=engine,
-                   decode_config=decode_config, jax_device=target)
+                   decode_config=decode_config, jax_device=target, batch_size=batch_size,
+                   compilation_cache_dir=compilation_cache_dir)
 
     # -- prompts ---------------------------------------------------------------------------------
 
@@ -158,6 +193,56 @@ class Generator:
         """Evaluation entry point: the prompt is tokenized verbatim (no template, no specials)."""
         return self.generate_ids(self.encode_verbatim(prompt_text))
 
+    def generate_batch(self, prompt_texts: Sequence[str]) -> list[dict[str, Any]]:
+        """Several evaluation prompts (tokenized verbatim, as :meth:`generate`), in input order.
+
+        The compiled engine decodes them ``batch_size`` at a time in one program (each result
+        equals decoding the prompt alone; ``wall_seconds`` is the batch's wall time split evenly,
+        :data:`alodlm_jax.decode.batched.BATCH_TIMING`); another engine decodes them one by one.
+        """
+        import jax
+
+        from alodlm_jax.decode.result import result_dict
+
+        prompts = [self.encode_verbatim(text) for text in prompt_texts]
+        if not prompts:
+            return []
+        with jax.default_device(self._jax_device):
+            if hasattr(self.engine, "generate_batch"):
+                outs = self.engine.generate_batch(prompts, batch_size=self.batch_size)
+            else:
+                outs = [self.engine.generate(ids) for ids in prompts]
+        self.last_work = outs[-1].work
+        return [result_dict(out, self.tokenizer.decode(out.token_ids, skip_special_tokens=True))
+                for out in outs]
+
+    def warmup_batches(self, groups: Sequence[Sequence[str]]) -> None:
+        """Compiles, before any timing, the batched program of every group of prompts.
+
+        Each group is decoded by one program whose prompt bucket fits its longest prompt and whose
+        batch is ``batch_size`` (a short last group is padded); buckets shared by groups compile
+        once. Engines without batched programs warm up on the first prompt instead.
+        """
+        import jax
+
+        if not groups:
+            return
+        if not hasattr(self.engine, "generate_batch"):
+            self.warmup(groups[0][0])
+            return
+        from alodlm_jax.decode import batched
+
+        with jax.default_device(self._jax_device):
+            buckets = []
+            for group in groups:
+                longest = max(len(self.engine.check_request(self.encode_verbatim(text)))
+                              for text in group)
+                bucket = self.engine.bucket_for(longest, batch=self.batch_size)
+                if bucket not in buckets:
+                    buckets.append(bucket)
+            for bucket in buckets:
+                batched.compile_batch(self.engine, bucket)
+
     def warmup(self, prompt_text: str) -> None:
         """One discarded generation: compiles every shape this prompt needs, warms the caches."""
         self.generate(prompt_text)
@@ -184,12 +269,13 @@ def build_generator(*, model: str, model_config: str | None = None, device: str 
                     precision: str = "fp32", decode_config: DecodeConfig | None = None,
                     engine: str = "portable", compilation_cache_dir: str | None = None,
                     batch_size: int = 1) -> Generator:
-    """The evaluate command's plug-in point (``alodlm_jax.cli.evaluate.build_generator``)."""
-    if batch_size != 1:
-        raise ValueError("batch_size > 1 is not supported yet")
-    if compilation_cache_dir:
-        import jax
+    """The evaluate command's plug-in point (``alodlm_jax.cli.evaluate.build_generator``).
 
-        jax.config.update("jax_compilation_cache_dir", str(compilation_cache_dir))
+    ``batch_size > 1`` needs the compiled engine (ValueError otherwise, before loading anything);
+    ``compilation_cache_dir`` enables JAX's persistent compilation cache there.
+    """
+    check_batch_size(engine, batch_size)
+    enable_compilation_cache(compilation_cache_dir)
     return Generator.load(model, precision=precision, device=device, engine=engine,
-                          decode_config=decode_config, model_config=model_config)
+                          decode_config=decode_config, model_config=model_config,
+                          batch_size=batch_size, compilation_cache_dir=compilation_cache_dir)

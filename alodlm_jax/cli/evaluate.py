@@ -21,6 +21,7 @@ from alodlm_jax.cli.flags import run_command
 from alodlm_jax.config import ENGINE_NAMES, ENGINES, MODES, DecodeConfig
 
 PROG = "alodlm-jax-evaluate"
+DEFAULT_ENGINE = "compiled"
 FLAGS = flags.FlagValues()
 _PROTOCOL_FIELDS_FROM_GENERATOR = ("decoder", "precision", "device", "gpu", "device_kind",
                                    "compile_seconds")
@@ -51,9 +52,11 @@ flags.DEFINE_string("output", None, "Output directory (required); must not alrea
                     "predictions.jsonl or summary.json unless --resume.", flag_values=FLAGS)
 flags.DEFINE_string("predictions", None, "Score existing local predictions without loading "
                     "weights (rescore mode).", flag_values=FLAGS)
-flags.DEFINE_enum("engine", "portable", list(ENGINES), "Decoder engine for generate mode: "
-                  "portable (jitted passes, Python host loop) or compiled (one XLA while-loop "
-                  "program per shape bucket). Recorded as protocol.decoder.", flag_values=FLAGS)
+flags.DEFINE_enum("engine", DEFAULT_ENGINE, list(ENGINES), "Decoder engine for generate mode: "
+                  "compiled (the default: one XLA while-loop program per shape bucket) or portable "
+                  "(jitted passes, Python host loop); their outputs are identical. --mesh over "
+                  "several devices needs portable: without an explicit --engine it is used "
+                  "there. Recorded as protocol.decoder.", flag_values=FLAGS)
 flags.DEFINE_integer("workers", os.cpu_count() or 1, "Number of fresh-interpreter workers that "
                      "score code tasks in parallel (verdicts equal sequential scoring).",
                      flag_values=FLAGS)
@@ -68,9 +71,13 @@ flags.DEFINE_boolean("resume", False, "Continue an interrupted run in --output: 
                      "predictions.jsonl rows (checked against the tasks), drop a torn last line, "
                      "score the rest; the files equal an uninterrupted run's.", flag_values=FLAGS)
 flags.DEFINE_string("compilation_cache_dir", None, "Persistent JAX compilation cache directory "
-                    "(generate mode).", flag_values=FLAGS)
-flags.DEFINE_integer("batch_size", 1, "Tasks decoded together in generate mode (only 1 is "
-                     "supported for now).", flag_values=FLAGS)
+                    "(generate mode): every program is cached there, so a rerun with the same "
+                    "shapes skips compilation.", flag_values=FLAGS)
+flags.DEFINE_integer("batch_size", 1, "Generate mode: tasks decoded together, N at a time in "
+                     "task order, by one compiled program (needs the compiled engine; not with "
+                     "--mesh or several processes). Each row equals decoding its task alone; its "
+                     "wall_seconds is the batch's wall time split evenly. Recorded in the "
+                     "protocol when > 1.", flag_values=FLAGS)
 # Scaling out (alodlm_jax.sharding, alodlm_jax.distributed; docs/scaling.md).
 flags.DEFINE_string("mesh", None, "Generate mode: tensor parallelism over this process's local "
                     "devices, e.g. model=4 (optional data=M). Default: one device.", flag_values=FLAGS)
@@ -193,12 +200,26 @@ def decode_config_from_flags() -> DecodeConfig:
     )
 
 
-def build_generator(decode: DecodeConfig, device: str):
+def engine_for_run() -> str:
+    """The engine of this generate-mode run: ``--engine``, or, when it was not given and
+    ``--mesh`` spans several devices (tensor parallelism: portable engine only), ``portable``.
+
+    An explicit ``--engine compiled`` with such a mesh is kept, so the user gets the clear error.
+    """
+    if FLAGS["engine"].present or FLAGS.mesh is None or FLAGS.engine == "portable":
+        return FLAGS.engine
+    from alodlm_jax.sharding import MeshSpec
+
+    return "portable" if MeshSpec.parse(FLAGS.mesh).num_devices > 1 else FLAGS.engine
+
+
+def build_generator(decode: DecodeConfig, device: str, engine: str | None = None):
     """The generate-mode generator from ``alodlm_jax.generate`` (imports JAX).
 
     Contract: ``.warmup(prompt)``, ``.generate(prompt_text) -> result dict`` (§7.1 keys 1-15), and
     ``.protocol_fields() -> dict`` with any of decoder, precision, device, gpu, device_kind,
-    compile_seconds.
+    compile_seconds; with ``--batch_size > 1`` also ``.warmup_batches(groups of prompt texts)`` and
+    ``.generate_batch(prompt_texts) -> result dicts`` (in input order).
     """
     try:
         from alodlm_jax import generate as generation
@@ -213,7 +234,7 @@ def build_generator(decode: DecodeConfig, device: str):
         device=device,
         precision=FLAGS.precision,
         decode_config=decode,
-        engine=FLAGS.engine,
+        engine=engine or FLAGS.engine,
         compilation_cache_dir=FLAGS.compilation_cache_dir,
         batch_size=FLAGS.batch_size,
     )
@@ -226,8 +247,14 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
 
     if not FLAGS.model:
         raise ValueError("--model is required for generation")
-    if FLAGS.batch_size != 1:
-        raise ValueError("--batch_size > 1 is not supported yet in generate mode")
+    batch_size = FLAGS.batch_size
+    engine = engine_for_run()
+    if batch_size > 1:
+        from alodlm_jax.generate import check_batch_size
+
+        if FLAGS.mesh is not None or _process_info is not None:
+            raise ValueError("--batch_size > 1 is not supported with --mesh or several processes")
+        check_batch_size(engine, batch_size)
     device = FLAGS.device or default_device()
     input_sha256 = sha256_file(FLAGS.input)
     if FLAGS.mesh is not None or _process_info is not None:  # scaling out: local devices, mesh
@@ -235,28 +262,45 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
 
         generator = sharding.build_generator(
             model=FLAGS.model, mesh=FLAGS.mesh, model_config=FLAGS.model_config, device=device,
-            precision=FLAGS.precision, decode_config=decode, engine=FLAGS.engine,
+            precision=FLAGS.precision, decode_config=decode, engine=engine,
             compilation_cache_dir=FLAGS.compilation_cache_dir)
     else:
-        generator = build_generator(decode, device)
-    generator.warmup(tasks[0]["prompt"])
+        generator = build_generator(decode, device, engine)
+    if batch_size == 1:
+        generator.warmup(tasks[0]["prompt"])
 
     def rows(start: int):
         for task in tasks[start:]:
             yield generator.generate(task["prompt"])
 
+    def batched_rows(start: int):
+        # Pending tasks in task order, batch_size at a time (a resumed run groups from `start`).
+        # Every group's program is compiled before the first group is decoded; each group's rows
+        # are yielded in task order, and evaluate() writes and flushes each one.
+        groups = [[task["prompt"] for task in tasks[lo: lo + batch_size]]
+                  for lo in range(start, len(tasks), batch_size)]
+        generator.warmup_batches(groups)
+        for group in groups:
+            yield from generator.generate_batch(group)
+
     def make_protocol(failures):
-        fields = {"decoder": ENGINE_NAMES[FLAGS.engine], "precision": FLAGS.precision,
+        fields = {"decoder": ENGINE_NAMES[engine], "precision": FLAGS.precision,
                   "device": device}
         supplied = generator.protocol_fields() or {}
         fields.update({k: v for k, v in supplied.items() if k in _PROTOCOL_FIELDS_FROM_GENERATOR})
-        return outputs.protocol_block(
+        block = outputs.protocol_block(
             input_sha256=input_sha256,
             decode=decode.as_dict(),
             timing=outputs.GENERATE_TIMING,
             scoring_failures=failures,
             **fields,
         )
+        if batch_size > 1:  # after the project's keys; a batch-1 block is unchanged
+            from alodlm_jax.decode.batched import BATCH_TIMING
+
+            block["batch_size"] = batch_size
+            block["batch_timing"] = BATCH_TIMING
+        return block
 
     if _process_info is not None:
         from alodlm_jax import distributed
@@ -267,7 +311,8 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
             workers=FLAGS.workers, progress=progress, overlap=FLAGS.overlap_scoring,
         )
     return evaluation.evaluate(
-        tasks, state, rows_source=rows, make_protocol=make_protocol,
+        tasks, state, rows_source=rows if batch_size == 1 else batched_rows,
+        make_protocol=make_protocol,
         workers=FLAGS.workers, progress=progress, overlap=FLAGS.overlap_scoring,
     )
 

@@ -33,7 +33,9 @@ flags.DEFINE_enum("device", None, ["cpu", "cuda", "gpu", "tpu"], "JAX device (cu
                   "select JAX's GPU backend). Default: cuda when JAX sees a GPU, else cpu.",
                   flag_values=FLAGS)
 flags.DEFINE_enum("precision", "fp32", ["fp32", "bf16"], "Model precision.", flag_values=FLAGS)
-flags.DEFINE_enum("engine", "portable", list(ENGINES), "Decoder engine.", flag_values=FLAGS)
+flags.DEFINE_enum("engine", "compiled", list(ENGINES), "Decoder engine: compiled (the default: "
+                  "the whole generation is one XLA program per shape bucket) or portable (jitted "
+                  "passes, Python host loop); their outputs are identical.", flag_values=FLAGS)
 flags.DEFINE_float("q", 0.5, "Cumulative halting threshold, in [0, 1].", flag_values=FLAGS)
 flags.DEFINE_float("tau", 0.4, "Entropy threshold, finite and >= 0.", flag_values=FLAGS)
 flags.DEFINE_enum("mode", "entropy", list(MODES), "Commit rule: entropy or left1.",

@@ -41,7 +41,7 @@ def test_generate_with_prompt_applies_the_chat_template(sandwich, capsys):
     assert result["token_ids"] == ref["token_ids"] and result["exit_depths"] == ref["exit_depths"]
     assert result["text"] == ref["text"]
     stats = json.loads(err.strip().splitlines()[-1])
-    assert stats["decoder"] == "jax-xla-portable" and stats["token_layer_calls"] > 0
+    assert stats["decoder"] == "jax-xla-compiled" and stats["token_layer_calls"] > 0  # the default
 
 
 def test_generate_with_raw_prompt_ids(sandwich, capsys):
@@ -103,7 +103,7 @@ def test_evaluate_generate_mode_then_rescore(sandwich, tmp_path, capsys):
     assert summary["benchmark_count"] == 2
     assert summary["benchmarks"]["synthetic"]["examples"] == 1
     protocol = summary["protocol"]
-    assert protocol["decoder"] == "jax-xla-portable"
+    assert protocol["decoder"] == "jax-xla-compiled"  # the default engine
     assert protocol["device"] == "cpu" and protocol["precision"] == "fp32"
     assert protocol["decode"] == DecodeConfig(max_new_tokens=64).as_dict()
     assert protocol["device_kind"] and protocol["compile_seconds"] >= 0

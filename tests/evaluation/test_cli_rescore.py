@@ -280,7 +280,7 @@ def test_workflow_generate_then_rescore(tmp_path, capsys):
     assert status == 0, err
     first = json.loads(out)
     assert first["benchmark_count"] == 1 and first["benchmarks"]["synthetic"]["examples"] == 1
-    assert first["protocol"]["decoder"] == "jax-xla-portable"
+    assert first["protocol"]["decoder"] == "jax-xla-compiled"  # the default engine
     assert first["protocol"]["decode"]["max_new_tokens"] == 6
     status, out, err = _run(["--input", tasks_path, "--predictions",
                              str(generated / "predictions.jsonl"), "--output",
