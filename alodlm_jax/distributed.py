@@ -181,7 +181,8 @@ def prepare_shard_directory(directory: str | os.PathLike, info: ProcessInfo, *, 
     must not exist ("Use a fresh evaluation output directory"). With ``resume``: this shard's
     complete rows are read back; a torn last line is cut off when evaluation starts.
     """
-    from alodlm_scoring.evaluation import FRESH_DIRECTORY_MESSAGE, PREDICTIONS_FILE, SUMMARY_FILE
+    from alodlm_scoring.evaluation import (FRESH_DIRECTORY_MESSAGE, PREDICTIONS_FILE, SUMMARY_FILE,
+                                           read_previous_run)
 
     directory = os.fspath(directory)
     os.makedirs(directory, exist_ok=True)
@@ -195,18 +196,7 @@ def prepare_shard_directory(directory: str | os.PathLike, info: ProcessInfo, *, 
                 raise FileExistsError(f"{FRESH_DIRECTORY_MESSAGE}: {path} already exists "
                                       "(pass --resume to continue an interrupted run)")
         return state
-    if state.file_exists:
-        with open(state.predictions_path, "rb") as handle:
-            data = handle.read()
-        complete = data[: data.rfind(b"\n") + 1]
-        state.complete_bytes = len(complete)
-        state.existing_lines = [line + "\n" for line in complete.decode("utf-8").split("\n")[:-1]]
-    if os.path.exists(state.failures_path):
-        with open(state.failures_path, "rb") as handle:
-            data = handle.read()
-        for line in data[: data.rfind(b"\n") + 1].decode("utf-8").splitlines():
-            state.existing_failures.append(json.loads(line))
-    return state
+    return read_previous_run(state)
 
 
 # --------------------------------------------------------------------------------------------

@@ -119,21 +119,29 @@ def prepare_output_directory(directory: str | os.PathLike, *, resume: bool = Fal
                 raise FileExistsError(f"{FRESH_DIRECTORY_MESSAGE}: {path} already exists "
                                       "(pass --resume to continue an interrupted run)")
         return state
-    if state.file_exists:
-        with open(state.predictions_path, "rb") as handle:
-            data = handle.read()
-        complete = data[: data.rfind(b"\n") + 1]
-        state.complete_bytes = len(complete)
-        state.existing_lines = [line + "\n" for line in complete.decode("utf-8").split("\n")[:-1]]
-    elif state.summary_exists:
+    if not state.file_exists and state.summary_exists:
         raise FileExistsError(f"{FRESH_DIRECTORY_MESSAGE}: {state.summary_path} exists without "
                               f"{PREDICTIONS_FILE}; cannot resume")
+    return read_previous_run(state)
+
+
+def read_previous_run(state: OutputState) -> OutputState:
+    """Fills ``state`` with what an interrupted run left: its complete prediction lines (a torn
+    last line is not counted; it is cut off when evaluation starts) and its recorded failures."""
+    if state.file_exists:
+        complete = _complete_lines(state.predictions_path)
+        state.complete_bytes = len(complete)
+        state.existing_lines = [line + "\n" for line in complete.decode("utf-8").split("\n")[:-1]]
     if os.path.exists(state.failures_path):
-        with open(state.failures_path, "rb") as handle:
-            data = handle.read()
-        for line in data[: data.rfind(b"\n") + 1].decode("utf-8").splitlines():
+        for line in _complete_lines(state.failures_path).decode("utf-8").splitlines():
             state.existing_failures.append(json.loads(line))
     return state
+
+
+def _complete_lines(path: str) -> bytes:
+    with open(path, "rb") as handle:
+        data = handle.read()
+    return data[: data.rfind(b"\n") + 1]
 
 
 # --------------------------------------------------------------------------------------------
