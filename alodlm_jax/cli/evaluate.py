@@ -17,8 +17,8 @@ from typing import Any, Mapping, Sequence, TextIO
 
 from absl import flags
 
-from alodlm_jax.cli.flags import run_command
-from alodlm_jax.config import ENGINE_NAMES, ENGINES, MODES, DecodeConfig
+from alodlm_jax.cli.flags import decode_config_from_flags, define_decode_flags, run_command
+from alodlm_jax.config import ENGINE_NAMES, ENGINES, DecodeConfig
 
 PROG = "alodlm-jax-evaluate"
 DEFAULT_ENGINE = "compiled"
@@ -35,17 +35,7 @@ flags.DEFINE_enum("device", None, ["cpu", "cuda", "gpu", "tpu"], "JAX device to 
                   "GPU, else cpu (decided only in generate mode).", flag_values=FLAGS)
 flags.DEFINE_enum("precision", "fp32", ["fp32", "bf16"], "Model weight and activation precision.",
                   flag_values=FLAGS)
-flags.DEFINE_float("q", 0.5, "Cumulative halting threshold, in [0, 1].", flag_values=FLAGS)
-flags.DEFINE_float("tau", 0.4, "Entropy threshold for committing tokens, finite and >= 0.",
-                   flag_values=FLAGS)
-flags.DEFINE_enum("mode", "entropy", list(MODES), "Commit rule: entropy, or left1 (commit the "
-                  "leftmost token). Table 1 presets: 8B --mode left1 --q 0.5; 1.7B --q 0.4.",
-                  flag_values=FLAGS)
-flags.DEFINE_integer("window_size", 16, "Decoding window size in tokens (>= 1).", flag_values=FLAGS)
-flags.DEFINE_integer("max_new_tokens", 4096, "Generation budget per task in tokens (>= 1).",
-                     flag_values=FLAGS)
-flags.DEFINE_float("position_penalty", None, "Entropy penalty per window position, finite and "
-                   ">= 0. Default: 0.05 * tau.", flag_values=FLAGS)
+define_decode_flags(FLAGS)
 flags.DEFINE_string("input", None, "Task JSONL file (required): one fully formatted task per line.",
                     flag_values=FLAGS)
 flags.DEFINE_string("output", None, "Output directory (required); must not already hold "
@@ -187,17 +177,6 @@ def default_device() -> str:
 
     backend = jax.default_backend()
     return {"gpu": "cuda", "tpu": "tpu"}.get(backend, "cpu")
-
-
-def decode_config_from_flags() -> DecodeConfig:
-    return DecodeConfig(
-        q=FLAGS.q,
-        tau=FLAGS.tau,
-        window_size=FLAGS.window_size,
-        max_new_tokens=FLAGS.max_new_tokens,
-        position_penalty=FLAGS.position_penalty,
-        mode=FLAGS.mode,
-    )
 
 
 def engine_for_run() -> str:
@@ -352,7 +331,7 @@ def _evaluate() -> int:
         state = distributed.prepare_shard_directory(FLAGS.output, _process_info, resume=FLAGS.resume)
     else:
         state = prepare_output_directory(FLAGS.output, resume=FLAGS.resume)  # step 2
-    decode = decode_config_from_flags()  # step 3: validated in both modes, as the reference
+    decode = decode_config_from_flags(FLAGS)  # step 3: validated in both modes, as the reference
     if FLAGS.workers < 1:
         raise ValueError("--workers must be at least 1")
     if FLAGS.batch_size < 1:

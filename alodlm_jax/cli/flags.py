@@ -23,7 +23,8 @@ from typing import Callable, Sequence
 
 from absl import flags
 
-__all__ = ["USER_ERRORS", "normalize_argv", "parse_flags", "run_command", "error_line"]
+__all__ = ["USER_ERRORS", "normalize_argv", "parse_flags", "run_command", "error_line",
+           "define_decode_flags", "decode_config_from_flags"]
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -159,3 +160,32 @@ def run_command(
         print(f"{prog}: interrupted", file=sys.stderr, flush=True)
         return 130
     return int(status or 0)
+
+
+def define_decode_flags(flag_values: flags.FlagValues) -> None:
+    """The reference's decoding flags, defaults and help (MODEL_AND_DECODING.md §6.1, §6.7).
+
+    One definition for every command that decodes; :func:`decode_config_from_flags` turns the
+    parsed values into a validated :class:`~alodlm_jax.config.DecodeConfig`.
+    """
+    from alodlm_jax.config import MODES
+
+    d = {"flag_values": flag_values}
+    flags.DEFINE_float("q", 0.5, "Cumulative halting threshold, in [0, 1].", **d)
+    flags.DEFINE_float("tau", 0.4, "Entropy threshold for committing tokens, finite and >= 0.", **d)
+    flags.DEFINE_enum("mode", "entropy", list(MODES), "Commit rule: entropy, or left1 (commit the "
+                      "leftmost token). Table 1 presets: 8B --mode left1 --q 0.5; 1.7B --q 0.4.", **d)
+    flags.DEFINE_integer("window_size", 16, "Decoding window size in tokens (>= 1).", **d)
+    flags.DEFINE_integer("max_new_tokens", 4096, "Generation budget per task in tokens (>= 1).", **d)
+    flags.DEFINE_float("position_penalty", None, "Entropy penalty per window position, finite and "
+                       ">= 0. Default: 0.05 * tau.", **d)
+
+
+def decode_config_from_flags(flag_values: flags.FlagValues):
+    """The validated decoding configuration of parsed :func:`define_decode_flags` values."""
+    from alodlm_jax.config import DecodeConfig
+
+    fv = flag_values
+    return DecodeConfig(q=fv.q, tau=fv.tau, window_size=fv.window_size,
+                        max_new_tokens=fv.max_new_tokens, position_penalty=fv.position_penalty,
+                        mode=fv.mode)

@@ -14,8 +14,8 @@ from typing import Sequence
 
 from absl import flags
 
-from alodlm_jax.cli.flags import run_command
-from alodlm_jax.config import ENGINES, MODES, DecodeConfig
+from alodlm_jax.cli.flags import decode_config_from_flags, define_decode_flags, run_command
+from alodlm_jax.config import ENGINES
 
 PROG = "alodlm-jax-generate"
 FLAGS = flags.FlagValues()
@@ -36,15 +36,7 @@ flags.DEFINE_enum("precision", "fp32", ["fp32", "bf16"], "Model precision.", fla
 flags.DEFINE_enum("engine", "compiled", list(ENGINES), "Decoder engine: compiled (the default: "
                   "the whole generation is one XLA program per shape bucket) or portable (jitted "
                   "passes, Python host loop); their outputs are identical.", flag_values=FLAGS)
-flags.DEFINE_float("q", 0.5, "Cumulative halting threshold, in [0, 1].", flag_values=FLAGS)
-flags.DEFINE_float("tau", 0.4, "Entropy threshold, finite and >= 0.", flag_values=FLAGS)
-flags.DEFINE_enum("mode", "entropy", list(MODES), "Commit rule: entropy or left1.",
-                  flag_values=FLAGS)
-flags.DEFINE_integer("window_size", 16, "Decoding window size (>= 1).", flag_values=FLAGS)
-flags.DEFINE_integer("max_new_tokens", 4096, "Generation budget in tokens (>= 1).",
-                     flag_values=FLAGS)
-flags.DEFINE_float("position_penalty", None, "Entropy penalty per window position (finite, >= 0). "
-                   "Default: 0.05 * tau.", flag_values=FLAGS)
+define_decode_flags(FLAGS)
 flags.DEFINE_boolean("stats", False, "Print compile seconds and token-layer counters to stderr.",
                      flag_values=FLAGS)
 
@@ -63,9 +55,7 @@ def parse_prompt_ids(text: str) -> list[int]:
 def _generate() -> int:
     if (FLAGS.prompt is None) == (FLAGS.prompt_ids is None):
         raise ValueError("give exactly one of --prompt and --prompt_ids")
-    decode = DecodeConfig(q=FLAGS.q, tau=FLAGS.tau, window_size=FLAGS.window_size,
-                          max_new_tokens=FLAGS.max_new_tokens,
-                          position_penalty=FLAGS.position_penalty, mode=FLAGS.mode)
+    decode = decode_config_from_flags(FLAGS)
     prompt_ids = parse_prompt_ids(FLAGS.prompt_ids) if FLAGS.prompt_ids is not None else None
 
     from alodlm_jax.generate import Generator
