@@ -34,7 +34,6 @@ divided the same way.
 from __future__ import annotations
 
 import functools
-import statistics
 import time
 from typing import Sequence
 
@@ -152,17 +151,8 @@ def compile_batch(engine, bucket: C.Bucket):
         pre = engine.get_executable(
             "batch_prefill", _JIT["batch_prefill"], (bucket.batch, bucket.prompt_bucket, bucket.t_max),
             lambda: ((params, cache, prompts), {"cfg": engine.cfg}))
-        key, buf = engine.take_cache(bucket, batched=True)
-        ids = jnp.zeros((bucket.batch, bucket.prompt_bucket), jnp.int32)
-        times = []
-        for _ in range(3):
-            jax.block_until_ready((buf, ids))
-            t0 = time.perf_counter()
-            buf = pre(engine.params, buf, ids)
-            jax.block_until_ready(buf)
-            times.append(time.perf_counter() - t0)
-        engine.give_back_cache(key, buf)
-        engine._prefill_seconds[bucket] = statistics.median(times)
+        engine._prefill_seconds[bucket] = engine.median_prefill_seconds(
+            pre, bucket, jnp.zeros((bucket.batch, bucket.prompt_bucket), jnp.int32), batched=True)
     return exe
 
 

@@ -323,8 +323,13 @@ class CompiledEngine:
     def _time_prefill(self, bucket: Bucket, params_spec, cache_spec, prompt_spec) -> float:
         exe = self.get_executable("prefill", _JIT["prefill"], (bucket.prompt_bucket, bucket.t_max),
                                   lambda: ((params_spec, cache_spec, prompt_spec), {"cfg": self.cfg}))
-        key, cache = self.take_cache(bucket, batched=False)
-        ids = jnp.zeros((bucket.prompt_bucket,), jnp.int32)
+        return self.median_prefill_seconds(exe, bucket, jnp.zeros((bucket.prompt_bucket,), jnp.int32),
+                                           batched=False)
+
+    def median_prefill_seconds(self, exe, bucket: Bucket, ids, *, batched: bool) -> float:
+        """Median of 3 synchronized runs of a compiled prefill ``exe(params, cache, ids)`` on one
+        of the bucket's cache buffers (single or batched); this is the reported prefill time."""
+        key, cache = self.take_cache(bucket, batched=batched)
         times = []
         for _ in range(3):
             jax.block_until_ready((cache, ids))
