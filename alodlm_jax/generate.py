@@ -134,6 +134,14 @@ class Generator:
                                       batch_size=batch_size,
                                       compilation_cache_dir=compilation_cache_dir)
 
+    def with_decode_config(self, decode_config: DecodeConfig) -> "Generator":
+        """A generator over the same params, tokenizer and device with other decoding settings
+        (no reload; compiled programs are shared when the shapes agree)."""
+        return Generator(cfg=self.cfg, params=self.params, tokenizer=self.tokenizer,
+                         model_dir=self.model_dir, precision=self.precision, device=self.device,
+                         engine=self.engine_name, decode_config=decode_config,
+                         jax_device=self._jax_device, batch_size=self.batch_size)
+
     @classmethod
     def load(cls, model: str, *, precision: str = "fp32", device: str = "cpu",
              engine: str = "portable", decode_config: DecodeConfig | None = None,

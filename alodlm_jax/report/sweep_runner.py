@@ -67,10 +67,7 @@ class SharedModelGenerators:
         base = self._base
         if base.decode_config == decode:
             return base
-        return generation.Generator(
-            cfg=base.cfg, params=base.params, tokenizer=base.tokenizer, model_dir=base.model_dir,
-            precision=base.precision, device=base.device, engine=base.engine_name,
-            decode_config=decode, jax_device=generation.jax_device(self.device))
+        return base.with_decode_config(decode)
 
 
 @dataclasses.dataclass

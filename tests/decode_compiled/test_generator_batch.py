@@ -141,3 +141,15 @@ def test_evaluate_batch_size_needs_the_compiled_engine(tmp_path, capsys):
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("alodlm-jax-evaluate: ")
     assert lines[0].endswith(BATCH_NEEDS_COMPILED)
+
+
+def test_with_decode_config_shares_the_loaded_model():
+    gen = Generator.load(str(DEMO), engine="compiled", decode_config=DECODE)
+    other_config = DecodeConfig(q=1.0, tau=0.0, max_new_tokens=6, window_size=4, mode="left1")
+    other = gen.with_decode_config(other_config)
+    assert other.params is gen.params and other.tokenizer is gen.tokenizer
+    assert other.decode_config == other_config and gen.decode_config == DECODE
+    assert (other.engine_name, other.precision, other.device) == (gen.engine_name, gen.precision,
+                                                                  gen.device)
+    fresh = Generator.load(str(DEMO), engine="compiled", decode_config=other_config)
+    assert other.generate(PROMPTS[0])["token_ids"] == fresh.generate(PROMPTS[0])["token_ids"]

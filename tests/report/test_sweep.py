@@ -325,6 +325,10 @@ def test_shared_model_generators_load_once_and_share_params(monkeypatch):
             self.__dict__.update(kwargs)
             self.engine_name = kwargs.get("engine", "portable")
 
+        def with_decode_config(self, decode_config):  # as Generator.with_decode_config: no reload
+            return FakeLoaded(**{**self.__dict__, "decode_config": decode_config,
+                                 "jax_device": generation.jax_device(self.device)})
+
     def fake_build(**kwargs):
         loads.append(kwargs)
         return FakeLoaded(cfg="cfg", params={"w": object()}, tokenizer="tok", model_dir="dir",
