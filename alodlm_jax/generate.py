@@ -52,6 +52,14 @@ def load_tokenizer(model_dir: pathlib.Path):
     return tokenizer
 
 
+def default_device() -> str:
+    """The ``--device`` default: ``cuda`` when JAX's default backend is a GPU, ``tpu`` on TPUs,
+    else ``cpu``. Imports JAX, so commands call it only when they will generate."""
+    import jax
+
+    return {"gpu": "cuda", "tpu": "tpu"}.get(jax.default_backend(), "cpu")
+
+
 def jax_device(device: str):
     """The first JAX device of the platform a ``--device`` value names (ValueError if absent)."""
     import jax

@@ -168,17 +168,6 @@ def benchmark_table(summary: Mapping[str, Any]) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def default_device() -> str:
-    """``cuda`` when JAX's default backend is a GPU (``tpu`` on TPUs), else ``cpu``.
-
-    Imports JAX, so it is only called in generate mode.
-    """
-    import jax
-
-    backend = jax.default_backend()
-    return {"gpu": "cuda", "tpu": "tpu"}.get(backend, "cpu")
-
-
 def engine_for_run() -> str:
     """The engine of this generate-mode run: ``--engine``, or, when it was not given and
     ``--mesh`` spans several devices (tensor parallelism: portable engine only), ``portable``.
@@ -234,6 +223,8 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
         if FLAGS.mesh is not None or _process_info is not None:
             raise ValueError("--batch_size > 1 is not supported with --mesh or several processes")
         check_batch_size(engine, batch_size)
+    from alodlm_jax.generate import default_device  # imports JAX: generate mode only
+
     device = FLAGS.device or default_device()
     input_sha256 = sha256_file(FLAGS.input)
     if FLAGS.mesh is not None or _process_info is not None:  # scaling out: local devices, mesh

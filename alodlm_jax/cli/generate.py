@@ -58,13 +58,9 @@ def _generate() -> int:
     decode = decode_config_from_flags(FLAGS)
     prompt_ids = parse_prompt_ids(FLAGS.prompt_ids) if FLAGS.prompt_ids is not None else None
 
-    from alodlm_jax.generate import Generator
+    from alodlm_jax.generate import Generator, default_device
 
-    device = FLAGS.device
-    if device is None:
-        import jax
-
-        device = {"gpu": "cuda", "tpu": "tpu"}.get(jax.default_backend(), "cpu")
+    device = FLAGS.device or default_device()
     generator = Generator.load(FLAGS.model, precision=FLAGS.precision, device=device,
                                engine=FLAGS.engine, decode_config=decode,
                                model_config=FLAGS.model_config)

@@ -109,8 +109,9 @@ def _sweep() -> int:
     if pending and not FLAGS.model:
         raise ValueError(f"--model is required: {pending} point(s) still need generating")
 
+    from alodlm_jax.generate import default_device
     from alodlm_jax.report.sweep_runner import (EvaluationPointRunner, SharedModelGenerators,
-                                                default_device, fixed_protocol_fields)
+                                                fixed_protocol_fields)
 
     device = FLAGS.device or (default_device() if pending else "cpu")
     generators = SharedModelGenerators(

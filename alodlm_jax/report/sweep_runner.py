@@ -22,7 +22,7 @@ from alodlm_jax.config import ENGINE_NAMES, DecodeConfig
 
 from .sweep import SweepPoint
 
-__all__ = ["EvaluationPointRunner", "SharedModelGenerators", "default_device"]
+__all__ = ["EvaluationPointRunner", "SharedModelGenerators"]
 
 _PROTOCOL_FIELDS_FROM_GENERATOR = ("decoder", "precision", "device", "gpu", "device_kind",
                                    "compile_seconds")
@@ -30,13 +30,6 @@ _PROTOCOL_FIELDS_FROM_GENERATOR = ("decoder", "precision", "device", "gpu", "dev
 # A generator as the evaluate flow uses it: .warmup(prompt), .generate(prompt) -> result dict,
 # .protocol_fields() -> dict.
 GeneratorFactory = Callable[[DecodeConfig], Any]
-
-
-def default_device() -> str:
-    """``cuda`` when JAX's default backend is a GPU (``tpu`` on TPUs), else ``cpu``."""
-    import jax
-
-    return {"gpu": "cuda", "tpu": "tpu"}.get(jax.default_backend(), "cpu")
 
 
 class SharedModelGenerators:
