@@ -171,7 +171,7 @@ class Generator:
         model_dir = resolve_model(model)
         placement = jax.sharding.SingleDeviceSharding(target)
         cfg, params = load_model(str(model_dir), precision, sharding=lambda path, array: placement,
-                                 model_config_yaml=model_config)
+                                 model_config_yaml=model_config, per_layer=True)
         tokenizer = load_tokenizer(model_dir)
         return cls(cfg=cfg, params=params, tokenizer=tokenizer, model_dir=model_dir,
                    precision=precision, device=device, engine=engine,

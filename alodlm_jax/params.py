@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from alodlm_jax.model import Params, resolve_dtype
+from alodlm_jax.model import Params, resolve_dtype, unstack_layers
 
 ShardingHook = Callable[[tuple[str, ...], np.ndarray], Any]
 
@@ -29,12 +29,17 @@ def _target_dtype(path: tuple[str, ...], array, dtype):
     return resolve_dtype(dtype)
 
 
-def to_device(params: Params, dtype="keep", sharding: ShardingHook | None = None) -> Params:
+def to_device(params: Params, dtype="keep", sharding: ShardingHook | None = None, *,
+              per_layer: bool = False) -> Params:
     """Numpy (or jax) params -> jax arrays; every tensor cast to ``dtype`` except the fp32 gate.
 
     ``dtype`` is ``"fp32"``, ``"bf16"``, ``"keep"`` or a dtype. Casting happens on the host before
-    transfer, so a bf16 model never occupies fp32 device memory.
+    transfer, so a bf16 model never occupies fp32 device memory. ``per_layer`` splits the layer
+    groups into tuples of per-layer dicts on the host first (:func:`alodlm_jax.model.unstack_layers`,
+    the fast layout for decoding; the sharding hook then sees paths like ``("core", "0", "q")``).
     """
+    if per_layer:
+        params = unstack_layers(params)
 
     def convert(path, leaf):
         keys = tuple(str(getattr(k, "key", k)) for k in path)
@@ -48,16 +53,18 @@ def to_device(params: Params, dtype="keep", sharding: ShardingHook | None = None
     return jax.tree_util.tree_map_with_path(convert, params)
 
 
-def load_model(model: str, dtype="bf16", sharding: ShardingHook | None = None, model_config_yaml=None):
+def load_model(model: str, dtype="bf16", sharding: ShardingHook | None = None, model_config_yaml=None,
+               *, per_layer: bool = False):
     """``(ModelConfig, jax params)`` from an HF checkpoint dir, a converted dir or a hub id.
 
     Resolution (hub download when ``model`` is not a local directory) and validation are the
     converter's; the arrays are cast to ``dtype`` (``"fp32"``, ``"bf16"`` or ``"keep"``).
+    ``per_layer``: see :func:`to_device`.
     """
     from alodlm_convert.load import load_params
 
     cfg, host_params = load_params(model, dtype, model_config_yaml=model_config_yaml)
-    return cfg, to_device(host_params, dtype, sharding)
+    return cfg, to_device(host_params, dtype, sharding, per_layer=per_layer)
 
 
 def param_count(params: Params) -> int:

@@ -83,10 +83,13 @@ def _batch_program(params, cache, prompts, prompt_lens, live, consts, *, cfg, wi
         real_start = packed.start
         packed = packed.replace(start=jnp.where(active, real_start, scratch))
         pst = vm(S.init_pass_state, (0, None))(packed, consts["penalty"])
+        # One attention length for the whole batch: the live requests' highest slot (idle ones
+        # write to the scratch slots past it and their discarded rows may attend anywhere).
+        kv_limit = jnp.max(jnp.where(active, real_start, 0)) + rows
         h = vm(M.embed, (None, 0))(params, packed.ids)
-        h, cache = vm(lambda p, hh, pos, c, st: M.prelude(p, cfg, hh, pos, c, st),
+        h, cache = vm(lambda p, hh, pos, c, st: M.prelude(p, cfg, hh, pos, c, st, kv_limit=kv_limit),
                       (None, 0, 0, 0, 0))(params, h, packed.positions, cache, packed.start)
-        one_pass = vm(functools.partial(C.window_pass, cfg=cfg, mode=mode),
+        one_pass = vm(functools.partial(C.window_pass, cfg=cfg, mode=mode, kv_limit=kv_limit),
                       (None, 0, 0, 0, 0, None, None))
 
         def pass_round(inner):

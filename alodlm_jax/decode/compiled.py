@@ -118,21 +118,24 @@ def begin(dstate, consts, *, cfg, window_size):
                           stop_ids=consts["stop_ids"], mask_id=cfg.mask_token_id)
 
 
-def open_window(params, cache, dstate, consts, *, cfg):
-    """§6.5 step 4 and the window's one-time part of §2.4: packing, embedding, prelude."""
+def open_window(params, cache, dstate, consts, *, cfg, kv_limit=None):
+    """§6.5 step 4 and the window's one-time part of §2.4: packing, embedding, prelude.
+
+    ``kv_limit``: see :func:`alodlm_jax.model.run_stack` (a batch passes one shared limit)."""
     packed = S.pack_window(dstate.window, dstate.cache_len, mask_id=cfg.mask_token_id)
     pst = S.init_pass_state(packed, consts["penalty"])
     h = M.embed(params, packed.ids)
-    h, cache = M.prelude(params, cfg, h, packed.positions, cache, packed.start)
+    h, cache = M.prelude(params, cfg, h, packed.positions, cache, packed.start, kv_limit=kv_limit)
     return cache, h, packed, pst
 
 
-def window_pass(params, cache, h, packed, pst, depth, consts, *, cfg, mode):
+def window_pass(params, cache, h, packed, pst, depth, consts, *, cfg, mode, kv_limit=None):
     """One recurrent pass (§6.4): inject, core at ``depth``, readout, heads, decision, carry norm."""
     rows, tok = S.injection_rows(pst)
     h = jnp.where(rows[:, None], M.embed(params, tok), h)
-    h, cache = M.core_pass(params, cfg, h, packed.positions, cache, packed.start, depth)
-    r, cache = M.readout(params, cfg, h, packed.positions, cache, packed.start)
+    h, cache = M.core_pass(params, cfg, h, packed.positions, cache, packed.start, depth,
+                           kv_limit=kv_limit)
+    r, cache = M.readout(params, cfg, h, packed.positions, cache, packed.start, kv_limit=kv_limit)
     logits = M.lm_logits(params, r)
     pred = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     entropy = S.entropy_from_logits(logits)
