@@ -13,14 +13,17 @@ window overwrites, and valid rows (which come first) never attend to them. The c
 cache so that ``start + T <= t_max`` for every call (``dynamic_update_slice`` clamps out-of-range
 offsets, which would overwrite prefix slots).
 
-Cost model: each layer group is one ``lax.scan`` (one compiled layer body, whatever the depth or
-layer count) that carries the group's whole cache and writes only the ``T`` window slots with
-``dynamic_update_slice`` — in place when the caller donates the cache to its jitted function (no
-per-pass copy of any depth's buffers; checked on the optimized HLO). Attention reads a layer's whole
-buffer (``T_max`` slots) unless a static ``kv_len`` bounds it; a long prompt can also be prefilled
-in chunks, each running all K passes: successive ``start`` offsets leave exactly the one-shot cache
-(attention is causal; the coda buffer ends holding the last pass either way), though a chunk's
-readouts before the last pass see the previous chunks' last-pass coda K/V (spec §5).
+Cost model: a layer group is either stacked (one ``lax.scan``, one compiled layer body) or a tuple
+of per-layer dicts (:func:`unstack_layers`, a Python loop; the layout ``Generator.load`` uses, since
+XLA copies a layer's weights out of a stack on every call). The group's whole cache is threaded
+through the layers, each of which writes only its ``T`` window slots (:func:`write_slots`:
+``dynamic_update_slice``, in place when the caller donates the cache to its jitted function, also
+per request under ``vmap``). Attention reads the smallest power-of-two bucket of the buffer that
+holds every slot the call's rows may see (:func:`kv_buckets`, one ``lax.switch`` per group), so a
+pass costs what the filled part of the cache costs, up to a factor of two. A long prompt can also
+be prefilled in chunks, each running all K passes: successive ``start`` offsets leave exactly the
+one-shot cache (attention is causal; the coda buffer ends holding the last pass either way), though
+a chunk's readouts before the last pass see the previous chunks' last-pass coda K/V (spec §5).
 
 Numerics follow transformers' Qwen3 and the portable decoder:
 

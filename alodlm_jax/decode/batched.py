@@ -17,13 +17,16 @@ would select the whole carry, cache included, at every iteration):
 Because each request's arithmetic is the single-request arithmetic, each request's outputs equal
 decoding it alone (a test checks this).
 
-Performance (measured on the 2-core CPU, see scripts/bench_decode.py): batching does not pay off
-here yet. Even for 8 copies of one prompt (no idle members) batch 8 gives only 1.08x the tokens/s
-of batch 1 (batch 2: 0.60x). The optimized HLO shows why: under ``vmap`` the per-request cache
-write of ``model._layer`` (``dynamic_update_slice`` at a per-request ``start``) becomes a
-``scatter`` into the whole ``[B, L, (K,) T_max, n_kv, d_h]`` buffer, which XLA:CPU does not update
-in place. A fix belongs in the model (a batched layer that writes each request's rows in place),
-not here.
+Cache writes and attention: each request writes its window rows with its own in-place
+``dynamic_update_slice`` (the batching rule of :func:`alodlm_jax.model.write_slots`; plain ``vmap``
+would make it a whole-buffer ``scatter``), and all requests attend over one shared power-of-two
+bucket of the cache, the one holding the highest live window (``kv_limit``).
+
+Performance on a CPU (``scripts/bench_decode.py``, 2 cores): a pass is compute-bound already at
+batch 1 (the small bench model runs its matmuls at ~75 % of the machine's rate for 32 rows), so a
+batch gains only what larger matrix products gain (the measured matmul rate at 256 rows is ~1.8x
+the rate at 32 rows), and a batch waits for its slowest request in every window. Batching is for
+accelerators, where a pass is bound by reading the weights and ``B`` requests share one read.
 
 Timing: a batch is one program execution, so only the batch's wall time is observable. Each
 request's ``wall_seconds`` is the batch wall time divided by the number of real requests in the
@@ -43,6 +46,7 @@ import numpy as np
 
 from alodlm_jax import model as M
 from alodlm_jax.decode import compiled as C
+from alodlm_jax.decode import portable as P
 from alodlm_jax.decode import state as S
 from alodlm_jax.decode.result import DecodeOutput
 
@@ -83,13 +87,15 @@ def _batch_program(params, cache, prompts, prompt_lens, live, consts, *, cfg, wi
         real_start = packed.start
         packed = packed.replace(start=jnp.where(active, real_start, scratch))
         pst = vm(S.init_pass_state, (0, None))(packed, consts["penalty"])
-        # One attention length for the whole batch: the live requests' highest slot (idle ones
-        # write to the scratch slots past it and their discarded rows may attend anywhere).
+        # One attention length and one row bucket for the whole batch: the live requests' highest
+        # slot and largest window (idle requests write to the scratch slots past every live one,
+        # and their discarded rows may attend anywhere).
         kv_limit = jnp.max(jnp.where(active, real_start, 0)) + rows
-        h = vm(M.embed, (None, 0))(params, packed.ids)
-        h, cache = vm(lambda p, hh, pos, c, st: M.prelude(p, cfg, hh, pos, c, st, kv_limit=kv_limit),
-                      (None, 0, 0, 0, 0))(params, h, packed.positions, cache, packed.start)
-        one_pass = vm(functools.partial(C.window_pass, cfg=cfg, mode=mode, kv_limit=kv_limit),
+        rows_needed = jnp.max(jnp.where(active, packed.num_rows, 0))
+        cache, h = vm(lambda c, pk: P.window_prelude(params, c, pk, cfg=cfg, kv_limit=kv_limit,
+                                                     rows_needed=rows_needed), (0, 0))(cache, packed)
+        one_pass = vm(functools.partial(C.window_pass, cfg=cfg, mode=mode, kv_limit=kv_limit,
+                                        rows_needed=rows_needed),
                       (None, 0, 0, 0, 0, None, None))
 
         def pass_round(inner):

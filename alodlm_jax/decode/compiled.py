@@ -54,6 +54,7 @@ import numpy as np
 from alodlm_jax import model as M
 from alodlm_jax.config import DecodeConfig
 from alodlm_jax.decode import state as S
+from alodlm_jax.decode import portable as P
 from alodlm_jax.decode.portable import _signature, _spec, prefill  # shared with the portable engine
 from alodlm_jax.decode.result import DecodeOutput, result_dict, work_counters
 
@@ -118,31 +119,24 @@ def begin(dstate, consts, *, cfg, window_size):
                           stop_ids=consts["stop_ids"], mask_id=cfg.mask_token_id)
 
 
-def open_window(params, cache, dstate, consts, *, cfg, kv_limit=None):
+def open_window(params, cache, dstate, consts, *, cfg, kv_limit=None, rows_needed=None):
     """§6.5 step 4 and the window's one-time part of §2.4: packing, embedding, prelude.
 
-    ``kv_limit``: see :func:`alodlm_jax.model.run_stack` (a batch passes one shared limit)."""
+    ``kv_limit``, ``rows_needed``: a batch passes values shared by its requests (see
+    :func:`alodlm_jax.decode.portable.window_pass`)."""
     packed = S.pack_window(dstate.window, dstate.cache_len, mask_id=cfg.mask_token_id)
     pst = S.init_pass_state(packed, consts["penalty"])
-    h = M.embed(params, packed.ids)
-    h, cache = M.prelude(params, cfg, h, packed.positions, cache, packed.start, kv_limit=kv_limit)
+    cache, h = P.window_prelude(params, cache, packed, cfg=cfg, kv_limit=kv_limit,
+                                rows_needed=rows_needed)
     return cache, h, packed, pst
 
 
-def window_pass(params, cache, h, packed, pst, depth, consts, *, cfg, mode, kv_limit=None):
-    """One recurrent pass (§6.4): inject, core at ``depth``, readout, heads, decision, carry norm."""
-    rows, tok = S.injection_rows(pst)
-    h = jnp.where(rows[:, None], M.embed(params, tok), h)
-    h, cache = M.core_pass(params, cfg, h, packed.positions, cache, packed.start, depth,
-                           kv_limit=kv_limit)
-    r, cache = M.readout(params, cfg, h, packed.positions, cache, packed.start, kv_limit=kv_limit)
-    logits = M.lm_logits(params, r)
-    pred = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    entropy = S.entropy_from_logits(logits)
-    hazard = M.gate_hazard(params, r, depth)
-    pst, stop = S.decide_pass(pst, pred, entropy, hazard, depth, q=consts["q"], tau=consts["tau"],
-                              mode=mode, max_depth=cfg.max_depth)
-    h = M.carry_norm(params, cfg, h)
+def window_pass(params, cache, h, packed, pst, depth, consts, *, cfg, mode, kv_limit=None,
+                rows_needed=None):
+    """One recurrent pass (§6.4), exactly the portable engine's (:func:`.portable.window_pass`)."""
+    cache, h, pst, stop, _ = P.window_pass(params, cache, h, packed, pst, depth, consts["q"],
+                                           consts["tau"], cfg=cfg, mode=mode, kv_limit=kv_limit,
+                                           rows_needed=rows_needed)
     return cache, h, pst, stop
 
 

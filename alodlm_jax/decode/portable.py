@@ -88,8 +88,7 @@ def start_window(params, cache, dstate, consts, cfg, window_size):
                             stop_ids=stop_ids, mask_id=cfg.mask_token_id)
     packed = S.pack_window(dstate.window, dstate.cache_len, mask_id=cfg.mask_token_id)
     pst = S.init_pass_state(packed, penalty)
-    h = M.embed(params, packed.ids)
-    h, cache = M.prelude(params, cfg, h, packed.positions, cache, packed.start)
+    cache, h = window_prelude(params, cache, packed, cfg=cfg)
     return cache, dstate, h, packed, pst
 
 
@@ -98,24 +97,112 @@ def _begin(params, cache, dstate, consts, cfg, window_size):
     return cache, dstate, h, packed, pst, dstate.finished
 
 
-def window_pass(params, cache, h, packed, pst, depth, q, tau, cfg, mode):
-    """One recurrent pass: inject, core at ``depth``, readout, heads, decision, carry norm.
+def row_buckets(window_size: int) -> tuple[int, ...]:
+    """The row counts a window's forward runs at: ``window_size``, 5/4 and 3/2 of it, and ``W``.
 
-    Also returns the core input (after injection), which only a traced run reads back.
+    A window has ``W = 2 * window_size`` rows but usually far fewer valid ones (the masks plus the
+    committed entries behind the first mask); its forward runs on the smallest bucket that holds
+    the valid rows, which come first in packed order. Never fewer than ``window_size`` rows, so
+    the LM head's ``window_size`` rows (:func:`token_heads`) always fit.
     """
+    ws = int(window_size)
+    return tuple(sorted({ws, -(-5 * ws // 4), -(-3 * ws // 2), 2 * ws}))
+
+
+def _first_rows(tree, n: int, rows: int):
+    """The first ``n`` rows of every ``[rows, ...]`` array of a pytree (scalars kept)."""
+    return jax.tree_util.tree_map(lambda x: x[:n] if x.ndim and x.shape[0] == rows else x, tree)
+
+
+def _put_rows(full, part):
+    """``full`` with its leading rows replaced by ``part`` (arrays of equal shape: ``part``)."""
+    return jax.tree_util.tree_map(
+        lambda f, p: p if f.shape == p.shape else jax.lax.dynamic_update_slice_in_dim(f, p, 0, axis=0),
+        full, part)
+
+
+def _on_row_bucket(rows: int, needed, make_branch, *operands):
+    """Runs ``make_branch(n)(*operands)`` for the smallest row bucket ``n`` holding ``needed`` rows
+    (one ``lax.switch``; ``needed`` must not be batched under ``vmap``, see the batched engine)."""
+    buckets = row_buckets(rows // 2)
+    if len(buckets) == 1:
+        return make_branch(buckets[0])(*operands)
+    index = jnp.minimum(jnp.sum((jnp.asarray(buckets, jnp.int32) < needed).astype(jnp.int32)),
+                        len(buckets) - 1)
+    return jax.lax.switch(index, [make_branch(n) for n in buckets], *operands)
+
+
+def window_prelude(params, cache, packed, *, cfg, kv_limit=None, rows_needed=None):
+    """Embedding and prelude of a packed window on its row bucket -> ``(cache, h [W, H])``.
+
+    ``rows_needed`` defaults to the window's valid rows; ``kv_limit``: see ``model.run_stack``.
+    Rows past the bucket are zeros (padding, never read).
+    """
+    rows = packed.ids.shape[0]
+
+    def branch(n):
+        def run(cache):
+            part = _first_rows(packed, n, rows)
+            h = M.embed(params, part.ids)
+            h, cache = M.prelude(params, cfg, h, part.positions, cache, part.start, kv_limit=kv_limit)
+            return cache, jnp.zeros((rows,) + h.shape[1:], h.dtype).at[:n].set(h)
+        return run
+
+    needed = packed.num_rows if rows_needed is None else rows_needed
+    return _on_row_bucket(rows, needed, branch, cache)
+
+
+def window_pass(params, cache, h, packed, pst, depth, q, tau, *, cfg, mode, kv_limit=None,
+                rows_needed=None):
+    """One recurrent pass on the window's row bucket: inject, core at ``depth``, readout, heads,
+    decision, carry norm. Returns ``(cache, h_next, pst, stop, core_input)`` with ``W`` rows
+    (``core_input`` is the carry after injection, which only a traced run reads back)."""
+    rows = h.shape[0]
+
+    def branch(n):
+        def run(cache, h, pst):
+            h_n, packed_n, pst_n = _first_rows((h, packed, pst), n, rows)
+            cache, h_next, pst_n, stop, core_input = _pass(params, cache, h_n, packed_n, pst_n, depth,
+                                                           q, tau, cfg=cfg, mode=mode,
+                                                           heads=rows // 2, kv_limit=kv_limit)
+            return cache, _put_rows(h, h_next), _put_rows(pst, pst_n), stop, _put_rows(h, core_input)
+        return run
+
+    needed = packed.num_rows if rows_needed is None else rows_needed
+    return _on_row_bucket(rows, needed, branch, cache, h, pst)
+
+
+def _pass(params, cache, h, packed, pst, depth, q, tau, *, cfg, mode, heads, kv_limit):
     rows, tok = S.injection_rows(pst)
     h = jnp.where(rows[:, None], M.embed(params, tok), h)
     core_input = h
-    h, cache = M.core_pass(params, cfg, h, packed.positions, cache, packed.start, depth)
-    r, cache = M.readout(params, cfg, h, packed.positions, cache, packed.start)
-    logits = M.lm_logits(params, r)
-    pred = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    entropy = S.entropy_from_logits(logits)
+    h, cache = M.core_pass(params, cfg, h, packed.positions, cache, packed.start, depth,
+                           kv_limit=kv_limit)
+    r, cache = M.readout(params, cfg, h, packed.positions, cache, packed.start, kv_limit=kv_limit)
+    pred, entropy = token_heads(params, r, packed, heads)
     hazard = M.gate_hazard(params, r, depth)
     pst, stop = S.decide_pass(pst, pred, entropy, hazard, depth, q=q, tau=tau, mode=mode,
                               max_depth=cfg.max_depth)
     h = M.carry_norm(params, cfg, h)
     return cache, h, pst, stop, core_input
+
+
+def token_heads(params, r, packed, heads: int):
+    """Greedy token and entropy (int32[R], float32[R]) of the packed rows that are masks.
+
+    Only mask rows are ever committed, so only they need the LM head. They are contiguous in packed
+    order (after the observed rows) and number at most the window size (``heads``): the head runs
+    on the ``heads`` rows from the first mask row (moved back to fit), which halves the pass's
+    largest matrix product at ``W`` rows. The other rows get token 0 and entropy 0 (never read).
+    """
+    rows = r.shape[0]
+    observed = jnp.sum((packed.valid & ~packed.is_mask).astype(jnp.int32))
+    lo = jnp.minimum(observed, rows - heads)
+    logits = M.lm_logits(params, jax.lax.dynamic_slice_in_dim(r, lo, heads, axis=0))
+    pred = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    entropy = S.entropy_from_logits(logits)
+    return (jax.lax.dynamic_update_slice(jnp.zeros((rows,), jnp.int32), pred, (lo,)),
+            jax.lax.dynamic_update_slice(jnp.zeros((rows,), jnp.float32), entropy, (lo,)))
 
 
 def finish_window(cache, dstate, packed, pst, executed):
@@ -138,7 +225,7 @@ def step(params, cache, dstate, h, packed, pst, depth, q, tau, consts, cfg, mode
     next window is ready for its pass 0; 2 = decoding finished.
     """
     cache, h_next, pst, stop, core_input = window_pass(params, cache, h, packed, pst, depth, q, tau,
-                                                       cfg, mode)
+                                                       cfg=cfg, mode=mode)
 
     def stopped(operands):
         cache, dstate, h_next, packed, pst = operands
