@@ -15,7 +15,7 @@ Importing this module does not touch Hugging Face's offline settings (MODEL_AND_
 from __future__ import annotations
 
 import pathlib
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from alodlm_jax.config import ENGINE_NAMES, ENGINES, DecodeConfig
 
@@ -212,32 +212,38 @@ class Generator:
     def generate_batch(self, prompt_texts: Sequence[str]) -> list[dict[str, Any]]:
         """Several evaluation prompts (tokenized verbatim, as :meth:`generate`), in input order.
 
-        The compiled engine decodes them ``batch_size`` at a time in one program (each result
-        equals decoding the prompt alone; ``wall_seconds`` is the batch's wall time split evenly,
+        The compiled engine decodes them with ``batch_size`` slots and continuous batching (each
+        result equals decoding the prompt alone; timings per
         :data:`alodlm_jax.decode.batched.BATCH_TIMING`); another engine decodes them one by one.
         """
+        return list(self.generate_stream(prompt_texts))
+
+    def generate_stream(self, prompt_texts: Sequence[str]) -> Iterator[dict[str, Any]]:
+        """:meth:`generate_batch` as an iterator: each result dict in input order, as soon as it
+        and every earlier one are complete."""
         import jax
 
         from alodlm_jax.decode.result import result_dict
 
         prompts = [self.encode_verbatim(text) for text in prompt_texts]
         if not prompts:
-            return []
+            return
         with jax.default_device(self._jax_device):
-            if hasattr(self.engine, "generate_batch"):
-                outs = self.engine.generate_batch(prompts, batch_size=self.batch_size)
+            if hasattr(self.engine, "generate_stream"):
+                outs = self.engine.generate_stream(prompts, batch_size=self.batch_size)
             else:
-                outs = [self.engine.generate(ids) for ids in prompts]
-        self.last_work = outs[-1].work
-        return [result_dict(out, self.tokenizer.decode(out.token_ids, skip_special_tokens=True))
-                for out in outs]
+                outs = (self.engine.generate(ids) for ids in prompts)
+            for out in outs:
+                self.last_work = out.work
+                yield result_dict(out, self.tokenizer.decode(out.token_ids, skip_special_tokens=True))
 
     def warmup_batches(self, groups: Sequence[Sequence[str]]) -> None:
-        """Compiles, before any timing, the batched program of every group of prompts.
+        """Compiles, before any timing, the batched programs of every group of prompts.
 
-        Each group is decoded by one program whose prompt bucket fits its longest prompt and whose
-        batch is ``batch_size`` (a short last group is padded); buckets shared by groups compile
-        once. Engines without batched programs warm up on the first prompt instead.
+        Each group (a :meth:`generate_batch` / :meth:`generate_stream` call) is decoded by the
+        programs whose prompt bucket fits its longest prompt, with ``batch_size`` slots; buckets
+        shared by groups compile once. Engines without batched programs warm up on the first
+        prompt instead.
         """
         import jax
 

@@ -14,9 +14,10 @@ The LM head is scaled so that entropy mode (q 0.5, tau 0.4) commits a few tokens
 script prints the measured tokens per window. No stop ids are used, so every run generates exactly
 ``max_new_tokens`` tokens and the engines do identical work.
 
-Batch: the same ``batch`` prompts decoded one at a time by the compiled engine (``compiled-seqN``,
-the batch-1 baseline) and together (``compiled-batchN``); a batch runs until its slowest request
-ends (finished requests idle), so prompt diversity costs throughput.
+Batch: the same ``batch_prompts`` prompts (default ``2 * batch``) decoded one at a time by the
+compiled engine (``compiled-seqN``, the batch-1 baseline) and with ``batch`` slots and continuous
+batching (``compiled-batchN``: a finished request's slot takes the next waiting prompt; the last
+requests still run without company).
 
 Metrics per engine and mode: tokens/s (generated tokens / wall seconds, prefill included), passes/s
 and ms per pass (recurrent passes, prefill excluded from the count but not from the time),
@@ -149,7 +150,7 @@ def run_model(name: str, args) -> dict:
     cfg, params = load_model(str(path), "fp32", per_layer=True)  # the layout Generator.load uses
     rng = np.random.default_rng(7)
     prompts = [rng.integers(13, cfg.vocab_size, size=args.prompt_tokens).tolist()
-               for _ in range(args.batch)]
+               for _ in range(args.batch_prompts)]
     torch_model = None
     if not args.skip_torch:
         import torch
@@ -356,6 +357,9 @@ def main(argv=None) -> int:
     parser.add_argument("--prompt_tokens", type=int, default=16)
     parser.add_argument("--window_size", type=int, default=16)
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--batch_prompts", type=int, default=None,
+                        help="prompts decoded at batch 1 and at --batch (default 2 x --batch, so "
+                        "finished requests are replaced by waiting ones)")
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per engine (best kept)")
     parser.add_argument("--batch_modes", default="entropy",
                         help="modes that also run the batch (and its batch-1 baseline)")
@@ -369,6 +373,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.max_new_tokens = 32
+    if args.batch_prompts is None:
+        args.batch_prompts = 2 * args.batch
     if args.scaling is None:
         args.scaling = "32,64,128" if args.quick else "64,128,256"
     args.modes = [m for m in args.modes.split(",") if m]
@@ -380,7 +386,7 @@ def main(argv=None) -> int:
 
     print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}; {os.cpu_count()} CPUs; "
           f"{args.max_new_tokens} new tokens, window {args.window_size}, prompt "
-          f"{args.prompt_tokens}, batch {args.batch}", flush=True)
+          f"{args.prompt_tokens}, batch {args.batch} over {args.batch_prompts} prompts", flush=True)
     full = {"args": {k: v for k, v in vars(args).items()}, "models": [], "scaling": None}
     for name in [m for m in args.models.split(",") if m]:
         report = run_model(name, args)

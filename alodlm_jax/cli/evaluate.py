@@ -63,11 +63,12 @@ flags.DEFINE_boolean("resume", False, "Continue an interrupted run in --output: 
 flags.DEFINE_string("compilation_cache_dir", None, "Persistent JAX compilation cache directory "
                     "(generate mode): every program is cached there, so a rerun with the same "
                     "shapes skips compilation.", flag_values=FLAGS)
-flags.DEFINE_integer("batch_size", 1, "Generate mode: tasks decoded together, N at a time in "
-                     "task order, by one compiled program (needs the compiled engine; not with "
-                     "--mesh or several processes). Each row equals decoding its task alone; its "
-                     "wall_seconds is the batch's wall time split evenly. Recorded in the "
-                     "protocol when > 1.", flag_values=FLAGS)
+flags.DEFINE_integer("batch_size", 1, "Generate mode: N tasks decoded together by one compiled "
+                     "program, a finished task's slot taking the next waiting task (continuous "
+                     "batching; needs the compiled engine; not with --mesh or several "
+                     "processes). Each row equals decoding its task alone; its wall_seconds is "
+                     "its prefill plus an even share of each batch run it took part in. Recorded "
+                     "in the protocol when > 1.", flag_values=FLAGS)
 # Scaling out (alodlm_jax.sharding, alodlm_jax.distributed; docs/scaling.md).
 flags.DEFINE_string("mesh", None, "Generate mode: tensor parallelism over this process's local "
                     "devices, e.g. model=4 (optional data=M). Default: one device.", flag_values=FLAGS)
@@ -244,14 +245,13 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
             yield generator.generate(task["prompt"])
 
     def batched_rows(start: int):
-        # Pending tasks in task order, batch_size at a time (a resumed run groups from `start`).
-        # Every group's program is compiled before the first group is decoded; each group's rows
-        # are yielded in task order, and evaluate() writes and flushes each one.
-        groups = [[task["prompt"] for task in tasks[lo: lo + batch_size]]
-                  for lo in range(start, len(tasks), batch_size)]
-        generator.warmup_batches(groups)
-        for group in groups:
-            yield from generator.generate_batch(group)
+        # The pending tasks (a resumed run starts at `start`) as one stream through batch_size
+        # slots with continuous batching: a finished task's slot takes the next waiting task. The
+        # programs are compiled first; rows come back in task order as soon as they and every
+        # earlier row are complete, and evaluate() writes and flushes each one.
+        pending = [task["prompt"] for task in tasks[start:]]
+        generator.warmup_batches([pending])
+        yield from generator.generate_stream(pending)
 
     def make_protocol(failures):
         fields = {"decoder": ENGINE_NAMES[engine], "precision": FLAGS.precision,

@@ -1,44 +1,52 @@
-"""Batched compiled decoding: ``B`` requests advance together in one XLA program.
+"""Batched compiled decoding: ``B`` request slots advance together in one XLA program.
 
-Each request keeps its own window state (:class:`~alodlm_jax.decode.state.DecodeState`) and its own
-KV cache; both carry a leading batch axis and the per-request functions of
-:mod:`alodlm_jax.decode.compiled` are ``jax.vmap``-ed over it, so every matrix product sees
-``B * W`` rows instead of ``W``. The loops are written out here (not a vmapped ``while_loop``, which
+Each slot keeps its own window state (:class:`~alodlm_jax.decode.state.DecodeState`) and its own KV
+cache; both carry a leading batch axis and the per-request functions of
+:mod:`alodlm_jax.decode.compiled` are ``jax.vmap``-ed over it, so every matrix product sees the
+rows of all slots at once. The loops are written out here (not a vmapped ``while_loop``, which
 would select the whole carry, cache included, at every iteration):
 
-* the outer loop runs while any request is unfinished; a window round opens a window for every
-  live request;
-* the inner loop runs while any live request's window has not stopped; a request whose window
-  already stopped (or that is finished) is *idle*: its pass is computed but discarded, and its
-  K/V writes are redirected to the cache's scratch slots (``Bucket.scratch_start``), so its real
-  cache stays exactly as if it had decoded alone;
-* finished requests stay idle until the whole batch ends (no replacement by waiting requests).
+* the outer loop runs window rounds while any slot is unfinished; a round opens a window for every
+  live slot;
+* the inner loop runs while any live slot's window has not stopped; a slot whose window already
+  stopped (or that is finished or empty) is *idle*: its pass is computed but discarded, and its K/V
+  writes are redirected to the cache's scratch slots (``Bucket.scratch_start``), so its real cache
+  stays exactly as if it had decoded alone.
 
-Because each request's arithmetic is the single-request arithmetic, each request's outputs equal
-decoding it alone (a test checks this).
+Continuous batching (:func:`generate_stream`): the host admits waiting requests into empty slots
+(one compiled *admit* program: the request's prefill into its slot of the cache, its initial state
+and first top-up) and runs the batch program, which returns as soon as a slot finishes while
+requests are waiting; the host then collects that slot's result and admits the next request. So a
+finished request is replaced by a waiting one instead of idling until its batch ends. Results are
+yielded in input order as soon as they and every earlier one are complete.
 
 Cache writes and attention: each request writes its window rows with its own in-place
 ``dynamic_update_slice`` (the batching rule of :func:`alodlm_jax.model.write_slots`; plain ``vmap``
-would make it a whole-buffer ``scatter``), and all requests attend over one shared power-of-two
-bucket of the cache, the one holding the highest live window (``kv_limit``).
+would make it a whole-buffer ``scatter``), and all slots share one power-of-two bucket of the cache
+for attention (the highest live window, ``kv_limit``) and one row bucket (the largest live window).
+
+Because each request's arithmetic is the single-request arithmetic (up to the shared buckets, which
+change only the length of fp32 reductions), each request's outputs equal decoding it alone (a test
+checks tokens, exit depths and counters exactly, hazards to 1e-6).
 
 Performance on a CPU (``scripts/bench_decode.py``, 2 cores): a pass is compute-bound already at
-batch 1 (the small bench model runs its matmuls at ~75 % of the machine's rate for 32 rows), so a
-batch gains only what larger matrix products gain (the measured matmul rate at 256 rows is ~1.8x
-the rate at 32 rows), and a batch waits for its slowest request in every window. Batching is for
-accelerators, where a pass is bound by reading the weights and ``B`` requests share one read.
+batch 1 (the small bench model runs its matmuls at ~70 % of the machine's rate for its row count),
+so a batch gains only what larger matrix products gain (the measured matmul rate at 256 rows is
+about twice the rate at 32 rows). Batching is for accelerators, where a pass is bound by reading
+the weights and ``B`` requests share one read.
 
-Timing: a batch is one program execution, so only the batch's wall time is observable. Each
-request's ``wall_seconds`` is the batch wall time divided by the number of real requests in the
-batch (their sum is the true elapsed time); ``prefill_seconds`` is the batch's measured prefill time
-divided the same way.
+Timing (:data:`BATCH_TIMING`): the host times every program execution. An admit is charged to the
+admitted request (its ``prefill_seconds``, also added to its ``wall_seconds``); a batch run's wall
+time is divided evenly between the requests live in it. The requests' ``wall_seconds`` therefore
+add up to the measured time of all executions.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import time
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -50,7 +58,8 @@ from alodlm_jax.decode import portable as P
 from alodlm_jax.decode import state as S
 from alodlm_jax.decode.result import DecodeOutput
 
-BATCH_TIMING = "each request's wall_seconds = batch wall time / requests in the batch"
+BATCH_TIMING = ("continuous batching: each request's wall_seconds = its own admit (prefill) time "
+                "+ each batch run's wall time divided by the requests live in that run")
 
 
 def _select(mask, new, old):
@@ -63,21 +72,14 @@ def _select(mask, new, old):
     return jax.tree_util.tree_map(pick, new, old)
 
 
-def _batch_program(params, cache, prompts, prompt_lens, live, consts, *, cfg, window_size, mode,
-                   capacity):
-    """Prefill + window rounds for ``B`` requests. ``live[b]`` False marks a padding request."""
+def _run_program(params, cache, dstate, consts, stop_early, *, cfg, window_size, mode):
+    """Window rounds for every unfinished slot; with ``stop_early`` it returns after the round in
+    which a slot that was unfinished at entry finishes (so the host can admit a waiting request)."""
     C.TRACE_COUNTS["batch"] += 1
     rows = 2 * window_size
     scratch = jnp.int32(cache.core_k.shape[3] - rows)  # [B, L, K, T_max, ...]
     vm = lambda f, in_axes: jax.vmap(f, in_axes=in_axes)  # noqa: E731
-
-    cache = vm(functools.partial(C.prefill, cfg=cfg), (None, 0, 0))(params, cache, prompts)
-    init = lambda n: S.DecodeState.initial(rows=rows, capacity=capacity,  # noqa: E731
-                                           mask_id=cfg.mask_token_id, cache_len=n)
-    dstate = jax.vmap(init)(prompt_lens)
-    dstate = dstate.replace(finished=~live)
-    begin = functools.partial(C.begin, cfg=cfg, window_size=window_size)
-    dstate = vm(begin, (0, None))(dstate, consts)
+    entry_live = ~dstate.finished
 
     def window_round(carry):
         cache, dstate = carry
@@ -119,89 +121,133 @@ def _batch_program(params, cache, prompts, prompt_lens, live, consts, *, cfg, wi
             cache, dstate, packed, pst, jnp.maximum(executed, 1), consts)
         return cache, _select(active, new_state, dstate)
 
-    return jax.lax.while_loop(lambda carry: jnp.any(~carry[1].finished), window_round,
-                              (cache, dstate))
+    def keep_going(carry):
+        finished = carry[1].finished
+        someone_done = jnp.any(entry_live & finished)
+        return jnp.any(~finished) & ~(stop_early & someone_done)
+
+    return jax.lax.while_loop(keep_going, window_round, (cache, dstate))
 
 
-def _batch_prefill_program(params, cache, prompts, *, cfg):
-    C.TRACE_COUNTS["batch_prefill"] += 1
-    return jax.vmap(functools.partial(C.prefill, cfg=cfg), in_axes=(None, 0, 0))(params, cache,
-                                                                                  prompts)
+def _admit_program(params, cache, dstate, slot, prompt, prompt_len, consts, *, cfg, window_size,
+                   capacity):
+    """Prefills ``prompt`` into cache slot ``slot`` and gives the slot a fresh, topped-up state."""
+    C.TRACE_COUNTS["admit"] += 1
+    take = lambda x: jax.lax.dynamic_index_in_dim(x, slot, 0, keepdims=False)  # noqa: E731
+    member = C.prefill(params, jax.tree_util.tree_map(take, cache), prompt, cfg=cfg)
+    cache = jax.tree_util.tree_map(
+        lambda x, m: jax.lax.dynamic_update_index_in_dim(x, m, slot, 0), cache, member)
+    fresh = S.DecodeState.initial(rows=2 * window_size, capacity=capacity,
+                                  mask_id=cfg.mask_token_id, cache_len=prompt_len)
+    fresh = C.begin(fresh, consts, cfg=cfg, window_size=window_size)
+    dstate = jax.tree_util.tree_map(
+        lambda x, m: jax.lax.dynamic_update_index_in_dim(x, m, slot, 0), dstate, fresh)
+    return cache, dstate
 
 
 _JIT = {
-    "batch": jax.jit(_batch_program, static_argnames=("cfg", "window_size", "mode", "capacity"),
-                     donate_argnames=("cache",)),
-    "batch_prefill": jax.jit(_batch_prefill_program, static_argnames=("cfg",),
-                             donate_argnames=("cache",)),
+    "batch": jax.jit(_run_program, static_argnames=("cfg", "window_size", "mode"),
+                     donate_argnames=("cache", "dstate")),
+    "admit": jax.jit(_admit_program, static_argnames=("cfg", "window_size", "capacity"),
+                     donate_argnames=("cache", "dstate")),
 }
 
 
-def _batched_cache_spec(engine, bucket: C.Bucket):
-    one = jax.eval_shape(lambda: M.init_cache(engine.cfg, bucket.t_max, engine.dtype))
-    return jax.tree_util.tree_map(
-        lambda x: jax.ShapeDtypeStruct((bucket.batch,) + x.shape, x.dtype), one)
+def _batched_spec(engine, bucket: C.Bucket, one):
+    return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct((bucket.batch,) + x.shape, x.dtype), one)
+
+
+def _empty_state(engine, bucket: C.Bucket):
+    """Every slot empty (finished): the batch's starting state."""
+    one = S.DecodeState.initial(rows=bucket.rows, capacity=bucket.capacity,
+                                mask_id=engine.cfg.mask_token_id, cache_len=0)
+    one = one.replace(finished=jnp.bool_(True))
+    return jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (bucket.batch,) + x.shape).copy(), one)
 
 
 def compile_batch(engine, bucket: C.Bucket):
-    """The batched program of ``bucket`` (compiled once per process), plus its prefill time."""
+    """The batch and admit programs of ``bucket`` (compiled once per process)."""
     params = C._spec(engine.params)
-    cache = _batched_cache_spec(engine, bucket)
-    prompts = jax.ShapeDtypeStruct((bucket.batch, bucket.prompt_bucket), jnp.int32)
-    vec_i32 = jax.ShapeDtypeStruct((bucket.batch,), jnp.int32)
-    vec_bool = jax.ShapeDtypeStruct((bucket.batch,), jnp.bool_)
+    cache = _batched_spec(engine, bucket, jax.eval_shape(
+        lambda: M.init_cache(engine.cfg, bucket.t_max, engine.dtype)))
+    dstate = jax.eval_shape(lambda: _empty_state(engine, bucket))
     consts = C._spec(engine.consts())
+    i32 = jax.ShapeDtypeStruct((), jnp.int32)
     mode = engine.decode.mode
-    statics = dict(cfg=engine.cfg, window_size=bucket.window_size, mode=mode,
-                   capacity=bucket.capacity)
-    exe = engine.get_executable("batch", _JIT["batch"], (bucket, mode), lambda: (
-        (params, cache, prompts, vec_i32, vec_bool, consts), statics))
-    if engine.measure_prefill and bucket not in engine._prefill_seconds:
-        pre = engine.get_executable(
-            "batch_prefill", _JIT["batch_prefill"], (bucket.batch, bucket.prompt_bucket, bucket.t_max),
-            lambda: ((params, cache, prompts), {"cfg": engine.cfg}))
-        engine._prefill_seconds[bucket] = engine.median_prefill_seconds(
-            pre, bucket, jnp.zeros((bucket.batch, bucket.prompt_bucket), jnp.int32), batched=True)
-    return exe
+    run = engine.get_executable("batch", _JIT["batch"], (bucket, mode), lambda: (
+        (params, cache, dstate, consts, jax.ShapeDtypeStruct((), jnp.bool_)),
+        dict(cfg=engine.cfg, window_size=bucket.window_size, mode=mode)))
+    admit = engine.get_executable("admit", _JIT["admit"], (bucket,), lambda: (
+        (params, cache, dstate, i32, jax.ShapeDtypeStruct((bucket.prompt_bucket,), jnp.int32), i32,
+         consts),
+        dict(cfg=engine.cfg, window_size=bucket.window_size, capacity=bucket.capacity)))
+    return run, admit
 
 
 def generate_batched(engine, prompts: Sequence[Sequence[int]], batch_size: int) -> list[DecodeOutput]:
-    """Decodes ``prompts`` in groups of ``batch_size`` (the last group padded with idle requests)."""
+    """All outputs of :func:`generate_stream`, in input order."""
+    return list(generate_stream(engine, prompts, batch_size))
+
+
+def generate_stream(engine, prompts: Sequence[Sequence[int]], batch_size: int) -> Iterator[DecodeOutput]:
+    """Decodes ``prompts`` with ``batch_size`` slots and continuous batching (module docstring).
+
+    Yields :class:`DecodeOutput` objects in input order, each as soon as it and all earlier ones
+    are complete. One program bucket (from the longest prompt) serves the whole stream.
+    """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
     checked = [engine.check_request(p) for p in prompts]
-    # One prompt bucket for the whole call, so every group reuses the same program.
-    longest = max((len(p) for p in checked), default=1)
-    outs: list[DecodeOutput] = []
-    for lo in range(0, len(checked), batch_size):
-        group = checked[lo: lo + batch_size]
-        bucket = engine.bucket_for(longest, batch=batch_size)
-        outs.extend(_run_group(engine, bucket, group))
-    return outs
-
-
-def _run_group(engine, bucket: C.Bucket, group: list[list[int]]) -> list[DecodeOutput]:
-    exe = compile_batch(engine, bucket)
-    b = bucket.batch
-    ids = np.zeros((b, bucket.prompt_bucket), np.int32)
-    lens = np.ones((b,), np.int32)
-    live = np.zeros((b,), bool)
-    for i, prompt in enumerate(group):
-        ids[i, : len(prompt)] = prompt
-        lens[i] = len(prompt)
-        live[i] = True
-    ids, lens, live = jnp.asarray(ids), jnp.asarray(lens), jnp.asarray(live)
+    if not checked:
+        return
+    bucket = engine.bucket_for(max(len(p) for p in checked), batch=batch_size)
+    run, admit = compile_batch(engine, bucket)
     consts = engine.consts()
+    params = engine.params
     key, cache = engine.take_cache(bucket, batched=True)
-    jax.block_until_ready((cache, ids, lens, live, consts, engine.params))
-
-    start = time.perf_counter()
-    cache, dstate = exe(engine.params, cache, ids, lens, live, consts)
-    host = jax.device_get(dstate)
-    wall = time.perf_counter() - start
-    engine.give_back_cache(key, cache)
-
-    n = len(group)
-    prefill = engine._prefill_seconds.get(bucket, 0.0) / n
-    return [engine._output(jax.tree_util.tree_map(lambda x: x[i], host), len(group[i]), wall / n,
-                           prefill) for i in range(n)]
+    dstate = _empty_state(engine, bucket)
+    waiting = collections.deque(range(len(checked)))
+    slots: list[int | None] = [None] * bucket.batch
+    wall = [0.0] * len(checked)
+    prefill = [0.0] * len(checked)
+    done: dict[int, DecodeOutput] = {}
+    next_out = 0
+    engine.last_schedule = schedule = []  # ("admit" | "done", slot, request) in order (tests)
+    jax.block_until_ready((cache, dstate, consts, params))
+    try:
+        while waiting or any(i is not None for i in slots):
+            for b in range(bucket.batch):
+                if slots[b] is None and waiting:
+                    i = waiting.popleft()
+                    ids = np.zeros((bucket.prompt_bucket,), np.int32)
+                    ids[: len(checked[i])] = checked[i]
+                    ids = jnp.asarray(ids)
+                    slot, length = jnp.asarray(b, jnp.int32), jnp.asarray(len(checked[i]), jnp.int32)
+                    jax.block_until_ready((ids, slot, length))
+                    t0 = time.perf_counter()
+                    cache, dstate = admit(params, cache, dstate, slot, ids, length, consts)
+                    jax.block_until_ready((cache, dstate))
+                    prefill[i] = time.perf_counter() - t0
+                    wall[i] += prefill[i]
+                    slots[b] = i
+                    schedule.append(("admit", b, i))
+            live = [b for b in range(bucket.batch) if slots[b] is not None]
+            stop_early = jnp.asarray(bool(waiting))
+            t0 = time.perf_counter()
+            cache, dstate = run(params, cache, dstate, consts, stop_early)
+            finished = np.asarray(jax.device_get(dstate.finished))
+            elapsed = time.perf_counter() - t0
+            for b in live:
+                wall[slots[b]] += elapsed / len(live)
+            for b in live:
+                if finished[b]:
+                    i = slots[b]
+                    host = jax.device_get(jax.tree_util.tree_map(lambda x: x[b], dstate))
+                    done[i] = engine._output(host, len(checked[i]), wall[i], prefill[i])
+                    slots[b] = None
+                    schedule.append(("done", b, i))
+            while next_out in done:
+                yield done.pop(next_out)
+                next_out += 1
+    finally:
+        engine.give_back_cache(key, cache)

@@ -380,15 +380,21 @@ class CompiledEngine:
 
     def generate_batch(self, prompts: Sequence[Sequence[int]], *, batch_size: int | None = None,
                        text: Callable[[list[int]], str] | None = None) -> list:
-        """Decodes ``prompts`` ``batch_size`` at a time (see :mod:`.batched`), in input order.
+        """Decodes ``prompts`` with ``batch_size`` slots and continuous batching (see
+        :mod:`.batched`); outputs in input order.
 
         Returns :class:`DecodeOutput` objects, or §6.6 result dicts when ``text`` (token ids ->
-        decoded text) is given. Each output equals decoding the prompt alone; its ``wall_seconds``
-        is the batch's wall time divided by the requests in the batch.
+        decoded text) is given. Each output equals decoding the prompt alone; its timings follow
+        :data:`.batched.BATCH_TIMING`.
         """
+        outs = self.generate_stream(prompts, batch_size=batch_size)
+        if text is None:
+            return list(outs)
+        return [result_dict(out, text(out.token_ids)) for out in outs]
+
+    def generate_stream(self, prompts: Sequence[Sequence[int]], *, batch_size: int | None = None):
+        """:meth:`generate_batch` as an iterator: each output as soon as it and every earlier one
+        are complete (an evaluation writes each row then)."""
         from alodlm_jax.decode import batched
 
-        outs = batched.generate_batched(self, prompts, batch_size or self.batch_size)
-        if text is None:
-            return outs
-        return [result_dict(out, text(out.token_ids)) for out in outs]
+        return batched.generate_stream(self, prompts, batch_size or self.batch_size)

@@ -47,9 +47,9 @@ def test_build_generator_passes_batch_size_and_cache_dir(tmp_path):
 def test_generate_batch_equals_one_by_one():
     gen = Generator.load(str(DEMO), engine="compiled", batch_size=2, decode_config=DECODE)
     singles = [gen.generate(text) for text in PROMPTS]
-    gen.warmup_batches([PROMPTS[:2], PROMPTS[2:]])
+    gen.warmup_batches([PROMPTS])
     compiled_before = gen.compile_seconds
-    together = gen.generate_batch(PROMPTS)  # groups of 2, the second padded with an idle slot
+    together = gen.generate_batch(PROMPTS)  # 2 slots: the third prompt waits for a free one
     assert gen.compile_seconds == compiled_before  # the warm-up compiled every group's program
     assert [list(r) for r in together] == [list(RESULT_KEYS)] * len(PROMPTS)
     for alone, batched in zip(singles, together):
@@ -106,17 +106,17 @@ def test_evaluate_batch_2_equals_batch_1_and_resumes(tmp_path, capsys):
     assert status == 0, err
     one, two = _rows(tmp_path / "b1"), _rows(tmp_path / "b2")
     assert [_same_row(r) for r in two] == [_same_row(r) for r in one]
-    assert len({r["wall_seconds"] for r in two[:2]}) == 1  # the first group's time, split evenly
+    assert all(r["wall_seconds"] > 0 for r in two)
 
     p1 = json.loads((tmp_path / "b1" / "summary.json").read_text())["protocol"]
     p2 = json.loads(out)["protocol"]
     assert "batch_size" not in p1 and "batch_timing" not in p1
     assert list(p2)[-2:] == ["batch_size", "batch_timing"]
     assert list(p2)[:-2] == list(p1)  # the batch keys come after every other key
-    assert p2["batch_size"] == 2 and "batch wall time" in p2["batch_timing"]
+    assert p2["batch_size"] == 2 and "continuous batching" in p2["batch_timing"]
     assert p2["decoder"] == "jax-xla-compiled"
 
-    # Resume in the middle of a group: the remaining tasks are grouped from there.
+    # Resume in the middle: the remaining tasks are streamed from there.
     b2 = tmp_path / "b2"
     lines = (b2 / "predictions.jsonl").read_text().splitlines(keepends=True)
     (b2 / "summary.json").unlink()
