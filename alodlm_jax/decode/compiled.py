@@ -20,7 +20,11 @@ decoding mode and the batch size. The prompt, ``max_new_tokens``, ``q``, ``tau``
 penalty and the stop ids are runtime inputs, so every request of an evaluation run (one decoding
 configuration) whose prompt falls in one length bucket shares one executable. Params and cache are
 arguments; the cache is donated and handed back, so XLA updates it in place and the next request of
-the bucket reuses the buffers.
+the bucket reuses the buffers. Inside a bucket, two runtime choices are made on the device with
+``lax.switch`` (the portable engine makes the same ones, so the arithmetic stays identical): each
+window's forward runs on the smallest row bucket holding its valid rows
+(:func:`.portable.row_buckets`), and attention reads the smallest power-of-two part of the cache
+holding every visible slot (:func:`alodlm_jax.model.kv_buckets`).
 
 Cache slots (:attr:`Bucket.t_max`, the portable engine's size): a window's rows live at
 ``cache_len + packed_row < prompt_len + max_new_tokens + W``. A batched program adds ``W`` scratch
@@ -216,7 +220,8 @@ class CompiledEngine:
 
     Args:
       cfg, params, decode, stop_ids: as for the portable engine.
-      batch_size: requests per batched program in :meth:`generate_batch`.
+      batch_size: request slots of the batched program of :meth:`generate_batch` /
+        :meth:`generate_stream` (continuous batching).
       compilation_cache_dir: enables JAX's persistent compilation cache there.
       measure_prefill: time the bucket's prefill once at compile time for ``prefill_seconds``
         (otherwise ``prefill_seconds`` is reported as 0.0).
@@ -320,13 +325,12 @@ class CompiledEngine:
     def _time_prefill(self, bucket: Bucket, params_spec, cache_spec, prompt_spec) -> float:
         exe = self.get_executable("prefill", _JIT["prefill"], (bucket.prompt_bucket, bucket.t_max),
                                   lambda: ((params_spec, cache_spec, prompt_spec), {"cfg": self.cfg}))
-        return self.median_prefill_seconds(exe, bucket, jnp.zeros((bucket.prompt_bucket,), jnp.int32),
-                                           batched=False)
+        return self.median_prefill_seconds(exe, bucket, jnp.zeros((bucket.prompt_bucket,), jnp.int32))
 
-    def median_prefill_seconds(self, exe, bucket: Bucket, ids, *, batched: bool) -> float:
-        """Median of 3 synchronized runs of a compiled prefill ``exe(params, cache, ids)`` on one
-        of the bucket's cache buffers (single or batched); this is the reported prefill time."""
-        key, cache = self.take_cache(bucket, batched=batched)
+    def median_prefill_seconds(self, exe, bucket: Bucket, ids) -> float:
+        """Median of 3 synchronized runs of a compiled prefill ``exe(params, cache, ids)`` on the
+        bucket's cache buffer; this is the reported prefill time of a single request."""
+        key, cache = self.take_cache(bucket, batched=False)
         times = []
         for _ in range(3):
             jax.block_until_ready((cache, ids))

@@ -3,7 +3,10 @@
 This is the portable decoder of MODEL_AND_DECODING.md §6 with fixed shapes (§11):
 
 * the prompt is padded to a length bucket and prefilled in one call (all ``K`` passes);
-* a window always has ``W = 2 * window_size`` rows (validity mask in :mod:`.state`);
+* a window's state always has ``W = 2 * window_size`` rows (validity mask in :mod:`.state`);
+  its forward runs on the smallest of a few row buckets holding the valid rows
+  (:func:`row_buckets`, chosen on the device), and the LM head only on the rows that
+  can hold masks (:func:`token_heads`);
 * the KV cache is preallocated with ``T_max`` slots (a bucket ``>= prompt bucket + max_new_tokens
   + W``), passed to every call and donated, so XLA updates it in place;
 * one compiled call per recurrent pass (:func:`step`: injection, core at depth ``s``, readout,
