@@ -29,11 +29,13 @@ Because each request's arithmetic is the single-request arithmetic (up to the sh
 change only the length of fp32 reductions), each request's outputs equal decoding it alone (a test
 checks tokens, exit depths and counters exactly, hazards to 1e-6).
 
-Performance on a CPU (``scripts/bench_decode.py``, 2 cores): a pass is compute-bound already at
-batch 1 (the small bench model runs its matmuls at ~70 % of the machine's rate for its row count),
-so a batch gains only what larger matrix products gain (the measured matmul rate at 256 rows is
-about twice the rate at 32 rows). Batching is for accelerators, where a pass is bound by reading
-the weights and ``B`` requests share one read.
+Performance on a CPU (``scripts/bench_decode.py``, 2 cores): batching does not pay off there yet
+(batch 8 gives about half the tokens/s of one request at a time on the small bench model, two
+thirds on the medium one). On the small model the batch's matrix products do run near the machine's
+matmul rate, but every other operation of a pass grows with the rows of all slots, and slots whose
+window already stopped still compute their rows until the batch's slowest window stops. Batching is
+meant for accelerators, where a pass is bound by reading the weights and ``B`` requests share one
+read; it is untested there.
 
 Timing (:data:`BATCH_TIMING`): the host times every program execution. An admit is charged to the
 admitted request (its ``prefill_seconds``, also added to its ``wall_seconds``); a batch run's wall
