@@ -23,10 +23,10 @@ yielded in input order as soon as they and every earlier one are complete.
 Cache writes and attention: each request writes its window rows with its own in-place
 ``dynamic_update_slice`` (the batching rule of :func:`alodlm_jax.model.write_slots`; plain ``vmap``
 would make it a whole-buffer ``scatter``), and all slots share one power-of-two bucket of the cache
-for attention (the highest live window, ``kv_limit``) and one row bucket (the largest live window).
+for attention (the highest live window, ``kv_limit``).
 
-Because each request's arithmetic is the single-request arithmetic (up to the shared buckets, which
-change only the length of fp32 reductions), each request's outputs equal decoding it alone (a test
+Because each request's arithmetic is the single-request arithmetic (up to the shared attention
+bucket, which changes only the length of fp32 reductions), each request's outputs equal decoding it alone (a test
 checks tokens, exit depths and counters exactly, hazards to 1e-6).
 
 Performance on a CPU (``scripts/bench_decode.py``, 2 cores): batching does not pay off there yet
@@ -91,15 +91,13 @@ def _run_program(params, cache, dstate, consts, stop_early, *, cfg, window_size,
         real_start = packed.start
         packed = packed.replace(start=jnp.where(active, real_start, scratch))
         pst = vm(S.init_pass_state, (0, None))(packed, consts["penalty"])
-        # One attention length and one row bucket for the whole batch: the live requests' highest
-        # slot and largest window (idle requests write to the scratch slots past every live one,
-        # and their discarded rows may attend anywhere).
+        # One attention length for the whole batch: the live requests' highest slot (idle requests
+        # write to the scratch slots past every live one, and their discarded rows may attend
+        # anywhere).
         kv_limit = jnp.max(jnp.where(active, real_start, 0)) + rows
-        rows_needed = jnp.max(jnp.where(active, packed.num_rows, 0))
-        cache, h = vm(lambda c, pk: P.window_prelude(params, c, pk, cfg=cfg, kv_limit=kv_limit,
-                                                     rows_needed=rows_needed), (0, 0))(cache, packed)
-        one_pass = vm(functools.partial(C.window_pass, cfg=cfg, mode=mode, kv_limit=kv_limit,
-                                        rows_needed=rows_needed),
+        cache, h = vm(lambda c, pk: P.window_prelude(params, c, pk, cfg=cfg, kv_limit=kv_limit),
+                      (0, 0))(cache, packed)
+        one_pass = vm(functools.partial(C.window_pass, cfg=cfg, mode=mode, kv_limit=kv_limit),
                       (None, 0, 0, 0, 0, None, None))
 
         def pass_round(inner):

@@ -3,10 +3,8 @@
 This is the portable decoder of MODEL_AND_DECODING.md §6 with fixed shapes (§11):
 
 * the prompt is padded to a length bucket and prefilled in one call (all ``K`` passes);
-* a window's state always has ``W = 2 * window_size`` rows (validity mask in :mod:`.state`);
-  its forward runs on the smallest of a few row buckets holding the valid rows
-  (:func:`row_buckets`, chosen on the device), and the LM head only on the rows that
-  can hold masks (:func:`token_heads`);
+* a window always has ``W = 2 * window_size`` rows (validity mask in :mod:`.state`); the LM head
+  runs only on the ``window_size`` rows that can hold masks (:func:`token_heads`);
 * the KV cache is preallocated with ``T_max`` slots (a bucket ``>= prompt bucket + max_new_tokens
   + W``), passed to every call and donated, so XLA updates it in place;
 * one compiled call per recurrent pass (:func:`step`: injection, core at depth ``s``, readout,
@@ -100,81 +98,30 @@ def _begin(params, cache, dstate, consts, cfg, window_size):
     return cache, dstate, h, packed, pst, dstate.finished
 
 
-def row_buckets(window_size: int) -> tuple[int, ...]:
-    """The row counts a window's forward runs at: ``window_size``, 5/4 of it, and ``W``.
+def window_prelude(params, cache, packed, *, cfg, kv_limit=None):
+    """Embedding and prelude of a packed window -> ``(cache, h [W, H])``.
 
-    A window has ``W = 2 * window_size`` rows but usually far fewer valid ones (the masks plus the
-    committed entries behind the first mask; on the bench models with window 16, 80-90 % of the
-    windows have 16 to 20 valid rows); its forward runs on the smallest bucket that holds the valid
-    rows, which come first in packed order. Each bucket is one more compiled copy of the pass, so
-    there are few. Never fewer than ``window_size`` rows, so the LM head's ``window_size`` rows
-    (:func:`token_heads`) always fit.
+    ``kv_limit``: see ``model.run_stack`` (a batch passes one limit shared by its requests).
+
+    Every window runs on all ``W`` rows (valid rows first, padding after). Running it on a smaller
+    row bucket chosen with ``lax.switch`` was measured to be 15-25 % faster on the CPU bench, but
+    XLA then copies the whole KV cache inside the taken branch at every layer write (the cache flows
+    through the conditional), a cost that grows with the cache and would dominate long generations
+    and any GPU run; so the row count stays fixed.
     """
-    ws = int(window_size)
-    return tuple(sorted({ws, -(-5 * ws // 4), 2 * ws}))
+    h = M.embed(params, packed.ids)
+    h, cache = M.prelude(params, cfg, h, packed.positions, cache, packed.start, kv_limit=kv_limit)
+    return cache, h
 
 
-def _first_rows(tree, n: int, rows: int):
-    """The first ``n`` rows of every ``[rows, ...]`` array of a pytree (scalars kept)."""
-    return jax.tree_util.tree_map(lambda x: x[:n] if x.ndim and x.shape[0] == rows else x, tree)
+def window_pass(params, cache, h, packed, pst, depth, q, tau, *, cfg, mode, kv_limit=None):
+    """One recurrent pass: inject, core at ``depth``, readout, heads, decision, carry norm.
 
-
-def _put_rows(full, part):
-    """``full`` with its leading rows replaced by ``part`` (arrays of equal shape: ``part``)."""
-    return jax.tree_util.tree_map(
-        lambda f, p: p if f.shape == p.shape else jax.lax.dynamic_update_slice_in_dim(f, p, 0, axis=0),
-        full, part)
-
-
-def _on_row_bucket(rows: int, needed, make_branch, *operands):
-    """Runs ``make_branch(n)(*operands)`` for the smallest row bucket ``n`` holding ``needed`` rows
-    (one ``lax.switch``; ``needed`` must not be batched under ``vmap``, see the batched engine)."""
-    buckets = row_buckets(rows // 2)
-    if len(buckets) == 1:
-        return make_branch(buckets[0])(*operands)
-    index = jnp.minimum(jnp.sum((jnp.asarray(buckets, jnp.int32) < needed).astype(jnp.int32)),
-                        len(buckets) - 1)
-    return jax.lax.switch(index, [make_branch(n) for n in buckets], *operands)
-
-
-def window_prelude(params, cache, packed, *, cfg, kv_limit=None, rows_needed=None):
-    """Embedding and prelude of a packed window on its row bucket -> ``(cache, h [W, H])``.
-
-    ``rows_needed`` defaults to the window's valid rows; ``kv_limit``: see ``model.run_stack``.
-    Rows past the bucket are zeros (padding, never read).
+    Returns ``(cache, h_next, pst, stop, core_input)``; ``core_input`` is the carry after injection,
+    which only a traced run reads back.
     """
-    rows = packed.ids.shape[0]
-
-    def branch(n):
-        def run(cache):
-            part = _first_rows(packed, n, rows)
-            h = M.embed(params, part.ids)
-            h, cache = M.prelude(params, cfg, h, part.positions, cache, part.start, kv_limit=kv_limit)
-            return cache, jnp.zeros((rows,) + h.shape[1:], h.dtype).at[:n].set(h)
-        return run
-
-    needed = packed.num_rows if rows_needed is None else rows_needed
-    return _on_row_bucket(rows, needed, branch, cache)
-
-
-def window_pass(params, cache, h, packed, pst, depth, q, tau, *, cfg, mode, kv_limit=None,
-                rows_needed=None):
-    """One recurrent pass on the window's row bucket: inject, core at ``depth``, readout, heads,
-    decision, carry norm. Returns ``(cache, h_next, pst, stop, core_input)`` with ``W`` rows
-    (``core_input`` is the carry after injection, which only a traced run reads back)."""
-    rows = h.shape[0]
-
-    def branch(n):
-        def run(cache, h, pst):
-            h_n, packed_n, pst_n = _first_rows((h, packed, pst), n, rows)
-            cache, h_next, pst_n, stop, core_input = _pass(params, cache, h_n, packed_n, pst_n, depth,
-                                                           q, tau, cfg=cfg, mode=mode,
-                                                           heads=rows // 2, kv_limit=kv_limit)
-            return cache, _put_rows(h, h_next), _put_rows(pst, pst_n), stop, _put_rows(h, core_input)
-        return run
-
-    needed = packed.num_rows if rows_needed is None else rows_needed
-    return _on_row_bucket(rows, needed, branch, cache, h, pst)
+    return _pass(params, cache, h, packed, pst, depth, q, tau, cfg=cfg, mode=mode,
+                 heads=h.shape[0] // 2, kv_limit=kv_limit)
 
 
 def _pass(params, cache, h, packed, pst, depth, q, tau, *, cfg, mode, heads, kv_limit):
@@ -193,12 +140,12 @@ def _pass(params, cache, h, packed, pst, depth, q, tau, *, cfg, mode, heads, kv_
 
 
 def token_heads(params, r, packed, heads: int):
-    """Greedy token and entropy (int32[R], float32[R]) of the packed rows that are masks.
+    """Greedy token and entropy (int32[W], float32[W]) of the packed rows that are masks.
 
     Only mask rows are ever committed, so only they need the LM head. They are contiguous in packed
-    order (after the observed rows) and number at most the window size (``heads``): the head runs
-    on the ``heads`` rows from the first mask row (moved back to fit), which halves the pass's
-    largest matrix product at ``W`` rows. The other rows get token 0 and entropy 0 (never read).
+    order (after the observed rows) and number at most the window size (``heads = W / 2``): the
+    head runs on the ``heads`` rows from the first mask row (moved back to fit), which halves the
+    pass's largest matrix product. The other rows get token 0 and entropy 0 (never read).
     """
     rows = r.shape[0]
     observed = jnp.sum((packed.valid & ~packed.is_mask).astype(jnp.int32))
