@@ -120,18 +120,13 @@ def window_pass(params, cache, h, packed, pst, depth, q, tau, *, cfg, mode, kv_l
     Returns ``(cache, h_next, pst, stop, core_input)``; ``core_input`` is the carry after injection,
     which only a traced run reads back.
     """
-    return _pass(params, cache, h, packed, pst, depth, q, tau, cfg=cfg, mode=mode,
-                 heads=h.shape[0] // 2, kv_limit=kv_limit)
-
-
-def _pass(params, cache, h, packed, pst, depth, q, tau, *, cfg, mode, heads, kv_limit):
     rows, tok = S.injection_rows(pst)
     h = jnp.where(rows[:, None], M.embed(params, tok), h)
     core_input = h
     h, cache = M.core_pass(params, cfg, h, packed.positions, cache, packed.start, depth,
                            kv_limit=kv_limit)
     r, cache = M.readout(params, cfg, h, packed.positions, cache, packed.start, kv_limit=kv_limit)
-    pred, entropy = token_heads(params, r, packed, heads)
+    pred, entropy = token_heads(params, r, packed, h.shape[0] // 2)
     hazard = M.gate_hazard(params, r, depth)
     pst, stop = S.decide_pass(pst, pred, entropy, hazard, depth, q=q, tau=tau, mode=mode,
                               max_depth=cfg.max_depth)
