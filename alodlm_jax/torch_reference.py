@@ -35,8 +35,8 @@ from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
 
 from alodlm_jax.config import DecodeConfig
+from alodlm_jax.generate import load_tokenizer, stop_ids_for
 
-STOP_TOKEN_NAMES = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>")
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 # A trace callback receives an event name and a dict payload; see TorchALoDLM.generate.
@@ -147,7 +147,7 @@ class TorchALoDLM:
     @classmethod
     def from_checkpoint(cls, model_dir: str | pathlib.Path, dtype: str = "fp32") -> "TorchALoDLM":
         """Loads a checkpoint directory in the reference's format (§4.5), on the CPU."""
-        from transformers import AutoTokenizer, Qwen3ForCausalLM
+        from transformers import Qwen3ForCausalLM
 
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
@@ -180,27 +180,12 @@ class TorchALoDLM:
         gate = ExitGate(config.hidden_size, fields["max_depth"]).to(torch_dtype)
         gate.load_state_dict(torch.load(gate_path, map_location="cpu", weights_only=True), strict=True)
 
-        tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-        if not getattr(tokenizer, "chat_template", None):
-            raise ValueError(f"{model_dir}: the tokenizer has no chat template")
-        vocab = tokenizer.get_vocab()
-        if "<|im_end|>" in vocab:
-            tokenizer.pad_token = "<|im_end|>"
-        elif tokenizer.eos_token is not None:
-            tokenizer.pad_token = tokenizer.eos_token
+        tokenizer = load_tokenizer(pathlib.Path(model_dir))
         return cls(model, gate, tokenizer, **fields)
 
     def default_stop_ids(self) -> list[int]:
         """§4.7: the tokenizer's EOS id(s) plus whichever named stop tokens exist in the vocab."""
-        ids: list[int] = []
-        eos = getattr(self.tokenizer, "eos_token_id", None)
-        if isinstance(eos, int):
-            ids.append(eos)
-        elif eos is not None:
-            ids.extend(int(e) for e in eos)
-        vocab = self.tokenizer.get_vocab()
-        ids.extend(vocab[name] for name in STOP_TOKEN_NAMES if name in vocab)
-        return sorted(set(ids))
+        return stop_ids_for(self.tokenizer)
 
     def encode_chat(self, prompt: str, thinking: bool = False) -> list[int]:
         """§4.7 generation prompt: one user turn through the chat template with the generation
