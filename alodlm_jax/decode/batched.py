@@ -153,7 +153,7 @@ _JIT = {
 }
 
 
-def _batched_spec(engine, bucket: C.Bucket, one):
+def _batched_spec(bucket: C.Bucket, one):
     return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct((bucket.batch,) + x.shape, x.dtype), one)
 
 
@@ -168,7 +168,7 @@ def _empty_state(engine, bucket: C.Bucket):
 def compile_batch(engine, bucket: C.Bucket):
     """The batch and admit programs of ``bucket`` (compiled once per process)."""
     params = C._spec(engine.params)
-    cache = _batched_spec(engine, bucket, jax.eval_shape(
+    cache = _batched_spec(bucket, jax.eval_shape(
         lambda: M.init_cache(engine.cfg, bucket.t_max, engine.dtype)))
     dstate = jax.eval_shape(lambda: _empty_state(engine, bucket))
     consts = C._spec(engine.consts())
@@ -182,11 +182,6 @@ def compile_batch(engine, bucket: C.Bucket):
          consts),
         dict(cfg=engine.cfg, window_size=bucket.window_size, capacity=bucket.capacity)))
     return run, admit
-
-
-def generate_batched(engine, prompts: Sequence[Sequence[int]], batch_size: int) -> list[DecodeOutput]:
-    """All outputs of :func:`generate_stream`, in input order."""
-    return list(generate_stream(engine, prompts, batch_size))
 
 
 def generate_stream(engine, prompts: Sequence[Sequence[int]], batch_size: int) -> Iterator[DecodeOutput]:
