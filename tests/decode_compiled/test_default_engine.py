@@ -35,17 +35,25 @@ def test_engine_for_run(argv, engine):
         evaluate.FLAGS.unparse_flags()
 
 
-def test_explicit_compiled_engine_with_tensor_parallelism_is_refused(tmp_path, capsys):
+def _refused_with_mesh(tmp_path, capsys, *extra: str) -> str:
+    """Runs evaluate with ``--mesh model=2`` plus ``extra``; asserts exit 2, nothing on stdout and
+    a one-line error, and returns that line."""
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(json.dumps({"id": "1", "benchmark": "b", "metric": "exact", "prompt": "one",
                                  "answer": "one"}) + "\n")
     status = evaluate.main(["alodlm-jax-evaluate", "--model", str(DEMO), "--input", str(tasks),
                             "--output", str(tmp_path / "out"), "--device", "cpu", "--mesh",
-                            "model=2", "--engine", "compiled"])
+                            "model=2", *extra])
     captured = capsys.readouterr()
     assert status == 2 and captured.out == ""
     lines = captured.err.strip().splitlines()
-    assert len(lines) == 1 and "supported by the portable engine only" in lines[0]
+    assert len(lines) == 1
+    return lines[0]
+
+
+def test_explicit_compiled_engine_with_tensor_parallelism_is_refused(tmp_path, capsys):
+    line = _refused_with_mesh(tmp_path, capsys, "--engine", "compiled")
+    assert "supported by the portable engine only" in line
 
 
 def test_help_names_the_default_engine(capsys):
@@ -56,13 +64,5 @@ def test_help_names_the_default_engine(capsys):
 
 
 def test_batch_size_with_a_mesh_is_refused(tmp_path, capsys):
-    tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text(json.dumps({"id": "1", "benchmark": "b", "metric": "exact", "prompt": "one",
-                                 "answer": "one"}) + "\n")
-    status = evaluate.main(["alodlm-jax-evaluate", "--model", str(DEMO), "--input", str(tasks),
-                            "--output", str(tmp_path / "out"), "--device", "cpu", "--mesh",
-                            "model=2", "--batch_size", "2"])
-    captured = capsys.readouterr()
-    assert status == 2 and captured.out == ""
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1 and "--batch_size > 1 is not supported with --mesh" in lines[0]
+    line = _refused_with_mesh(tmp_path, capsys, "--batch_size", "2")
+    assert "--batch_size > 1 is not supported with --mesh" in line
