@@ -20,7 +20,11 @@ through the layers, each of which writes only its ``T`` window slots (:func:`wri
 ``dynamic_update_slice``, in place when the caller donates the cache to its jitted function, also
 per request under ``vmap``). Attention reads the smallest power-of-two bucket of the buffer that
 holds every slot the call's rows may see (:func:`kv_buckets`, one ``lax.switch`` per group), so a
-pass costs what the filled part of the cache costs, up to a factor of two. A long prompt can also
+pass costs what the filled part of the cache costs, up to a factor of two. The decode loop uses
+the window forwards (:func:`run_window_stack`: ``prelude_window``, ``core_window``,
+``readout_window``), which only read the cache and return the window's K/V for
+:func:`store_window`, so that they can run inside a ``lax.switch`` over row buckets without XLA
+copying the cache into the taken branch. A long prompt can also
 be prefilled in chunks, each running all K passes: successive ``start`` offsets leave exactly the
 one-shot cache (attention is causal; the coda buffer ends holding the last pass either way), though
 a chunk's readouts before the last pass see the previous chunks' last-pass coda K/V (spec §5).
@@ -209,13 +213,7 @@ def _layer(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax.Array,
     reads the first ``kv_len`` slots (static; all of them when ``None``), or, given ``kv_bucket``
     (traced index into :func:`kv_buckets` of that length), the first ``kv_buckets(...)[kv_bucket]``.
     """
-    a = rms_norm(h, lp["input_norm"], eps)
-    q = rms_norm(_mm("th,hnd->tnd", a, lp["q"]), lp["q_norm"], eps)
-    k = rms_norm(_mm("th,hnd->tnd", a, lp["k"]), lp["k_norm"], eps)
-    v = _mm("th,hnd->tnd", a, lp["v"])
-    q = _apply_rope(q, cos, sin)
-    k = _apply_rope(k, cos, sin)
-
+    q, k, v = _qkv(lp, eps, h, cos, sin)
     lead = (1,) * len(index)
     zero = jnp.int32(0)
     index = tuple(jnp.asarray(i, jnp.int32) for i in index)
@@ -240,6 +238,20 @@ def _layer(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax.Array,
         attn = attend_first(slots)(q, k_all, v_all)
     else:
         attn = jax.lax.switch(kv_bucket, [attend_first(size) for size in sizes], q, k_all, v_all)
+    return _attention_out_and_mlp(lp, eps, h, attn), k_all, v_all
+
+
+def _qkv(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax.Array):
+    """A layer's queries, keys and values ``[T, n, d_h]`` (norms and RoPE applied)."""
+    a = rms_norm(h, lp["input_norm"], eps)
+    q = rms_norm(_mm("th,hnd->tnd", a, lp["q"]), lp["q_norm"], eps)
+    k = rms_norm(_mm("th,hnd->tnd", a, lp["k"]), lp["k_norm"], eps)
+    v = _mm("th,hnd->tnd", a, lp["v"])
+    return _apply_rope(q, cos, sin), _apply_rope(k, cos, sin), v
+
+
+def _attention_out_and_mlp(lp: Params, eps: float, h: jax.Array, attn: jax.Array) -> jax.Array:
+    """The rest of a layer after attention: output projection + residual, then the SwiGLU MLP."""
     # The output projection as one [T, n_q*d_h] x [n_q*d_h, H] product (a reshape of the kernel, no
     # copy). Written as "tnd,ndh->th", XLA:CPU transposed the whole [n_q, d_h, H] kernel on every
     # call (7 % of a pass of the 1 GB bench model).
@@ -249,7 +261,7 @@ def _layer(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax.Array,
     gate = _mm("th,hi->ti", b, lp["gate_proj"])
     gate = jax.nn.silu(gate.astype(jnp.float32)).astype(gate.dtype)  # torch: silu in fp32, one rounding
     mlp = gate * _mm("th,hi->ti", b, lp["up_proj"])
-    return h + _mm("ti,ih->th", mlp, lp["down_proj"]), k_all, v_all
+    return h + _mm("ti,ih->th", mlp, lp["down_proj"])
 
 
 def _num_layers(stack) -> int:
@@ -292,8 +304,8 @@ def run_stack(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Array,
     from 64, then the whole buffer) that holds ``kv_limit`` slots (traced; default ``start + T``,
     one past the highest slot any row of this call may see), chosen once per group with
     ``lax.switch``. Masked slots contribute exact zeros, so the bucket changes only the length of
-    the reductions, not what they add up. ``kv_limit`` lets a batch (see
-    :mod:`alodlm_jax.decode.batched`) share one bucket between its requests. ``kv_len`` (static,
+    the reductions, not what they add up. A larger ``kv_limit`` picks a longer bucket (several
+    callers sharing one bucket; tests compare against the whole buffer). ``kv_len`` (static,
     optional) caps the buffer first, e.g. in a prefill bucket; it changes nothing as long as
     ``start + T <= kv_len``.
     """
@@ -328,6 +340,145 @@ def run_stack(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Array,
 
 
 # --------------------------------------------------------------------------------------------------
+# Window forwards with deferred cache writes (the decode loop's hot path)
+
+
+def _attend_window(q: jax.Array, k_pre: jax.Array, v_pre: jax.Array, start: jax.Array,
+                   k_win: jax.Array, v_win: jax.Array) -> jax.Array:
+    """Window attention with the window's own K/V passed beside the cache.
+
+    q/k_win/v_win ``[T, n, d_h]`` are the window's rows; k_pre/v_pre ``[S, n_kv, d_h]`` the cache,
+    of which slots ``< start`` (the prefix) are visible to every row. Row ``a`` also sees window rows
+    ``<= a`` (causal in packed order). This is :func:`_attend` over a buffer holding the window at
+    slots ``start..start+T`` (the same visible set, one softmax over it), with the prefix and the
+    window as two blocks of each score row.
+    """
+    t, n_q, d_h = q.shape
+    n_kv = k_pre.shape[1]
+    group = n_q // n_kv
+    qg = q.reshape(t, n_kv, group, d_h).transpose(1, 2, 0, 3).reshape(n_kv, group * t, d_h)
+    scale = jnp.float32(d_h ** -0.5)
+
+    def scores(k):
+        return jnp.einsum("kqd,skd->kqs", qg, k, precision=_HIGHEST, preferred_element_type=jnp.float32) * scale
+
+    rows = jnp.tile(jnp.arange(t, dtype=jnp.int32), group)  # stacked row g*T + a is row a
+    prefix_visible = jnp.arange(k_pre.shape[0], dtype=jnp.int32) < start
+    window_visible = jnp.arange(t, dtype=jnp.int32)[None, :] <= rows[:, None]
+    s_pre = jnp.where(prefix_visible[None, None, :], scores(k_pre), _NEG_INF)
+    s_win = jnp.where(window_visible[None], scores(k_win), _NEG_INF)
+    probs = jax.nn.softmax(jnp.concatenate([s_pre, s_win], axis=-1), axis=-1).astype(q.dtype)
+    split = k_pre.shape[0]
+
+    def values(p, v):
+        return jnp.einsum("kqs,skd->kqd", p, v, precision=_HIGHEST, preferred_element_type=jnp.float32)
+
+    out = values(probs[..., :split], v_pre) + values(probs[..., split:], v_win)
+    return out.astype(q.dtype).reshape(n_kv, group, t, d_h).transpose(2, 0, 1, 3).reshape(t, n_q, d_h)
+
+
+def _window_layer(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax.Array,
+                  k_all: jax.Array, v_all: jax.Array, index: tuple, start: jax.Array,
+                  kv_bucket: jax.Array | None):
+    """One decoder layer over a window that reads the cache and writes nothing.
+
+    Returns ``(h, k, v)`` with the rows' K/V ``[T, n_kv, d_h]`` in the cache dtype; the caller stores
+    them (:func:`store_window`). Attention: prefix slots ``< start`` of the buffer at ``index`` (its
+    first ``kv_buckets(...)[kv_bucket]`` slots) plus the window's own rows, see :func:`_attend_window`.
+    """
+    q, k, v = _qkv(lp, eps, h, cos, sin)
+    k = k.astype(k_all.dtype)
+    v = v.astype(v_all.dtype)
+    zero = jnp.int32(0)
+    lead = (1,) * len(index)
+    index = tuple(jnp.asarray(i, jnp.int32) for i in index)
+    tail = k_all.shape[len(index) + 1:]
+
+    def attend_first(size):
+        def run(q, k, v, k_all, v_all):
+            shape = (size,) + tail
+            k_pre = jax.lax.dynamic_slice(k_all, index + (zero, zero, zero), lead + shape).reshape(shape)
+            v_pre = jax.lax.dynamic_slice(v_all, index + (zero, zero, zero), lead + shape).reshape(shape)
+            return _attend_window(q, k_pre.astype(q.dtype), v_pre.astype(q.dtype), start,
+                                  k.astype(q.dtype), v.astype(q.dtype))
+        return run
+
+    sizes = kv_buckets(k_all.shape[len(index)])
+    if kv_bucket is None or len(sizes) == 1:
+        attn = attend_first(sizes[-1])(q, k, v, k_all, v_all)
+    else:
+        attn = jax.lax.switch(kv_bucket, [attend_first(size) for size in sizes], q, k, v, k_all, v_all)
+    return _attention_out_and_mlp(lp, eps, h, attn), k, v
+
+
+def run_window_stack(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Array,
+                     k_all: jax.Array, v_all: jax.Array, start, depth=None, *, prefix_limit=None):
+    """A layer group over a window's rows, reading (never writing) its cache buffers.
+
+    Returns ``(h, k_new, v_new)`` with ``k_new``/``v_new`` ``[L, T, n_kv, d_h]``: what
+    :func:`run_stack` would have written at slots ``start..start+T`` (at ``depth`` for the core), to
+    be stored with :func:`store_window`. The layers attend over the prefix (slots ``< start``, read
+    from the smallest :func:`kv_buckets` length holding ``prefix_limit`` slots, default ``start``)
+    and the window's own rows. Because the cache is only read, the caller can run this inside a
+    ``lax.switch`` (row buckets) without XLA copying the cache into the taken branch, which it does
+    for a buffer updated inside a conditional.
+    """
+    n = _num_layers(stack)
+    kv_shape = (n, h.shape[0]) + k_all.shape[-2:]
+    if n == 0:
+        return h, jnp.zeros(kv_shape, k_all.dtype), jnp.zeros(kv_shape, v_all.dtype)
+    start = jnp.asarray(start, jnp.int32)
+    cos, sin = rope_tables(positions, k_all.shape[-1], cfg.rope_theta, h.dtype)
+    eps = cfg.rms_norm_eps
+    slots = k_all.shape[1 if depth is None else 2]
+    kv_bucket = kv_bucket_index(kv_buckets(slots), start if prefix_limit is None else prefix_limit)
+
+    def layer(lp, i, h):
+        index = (i,) if depth is None else (i, depth)
+        return _window_layer(lp, eps, h, cos, sin, k_all, v_all, index, start, kv_bucket)
+
+    if isinstance(stack, (list, tuple)):
+        ks, vs = [], []
+        for i, lp in enumerate(stack):
+            h, k, v = layer(lp, i, h)
+            ks.append(k)
+            vs.append(v)
+        return h, jnp.stack(ks), jnp.stack(vs)
+
+    def body(h, xs):
+        lp, i = xs
+        h, k, v = layer(lp, i, h)
+        return h, (k, v)
+
+    h, (ks, vs) = jax.lax.scan(body, h, (stack, jnp.arange(n, dtype=jnp.int32)))
+    return h, ks, vs
+
+
+def store_window(cache: KVCache, start, depth=None, *, prelude=None, core=None, coda=None) -> KVCache:
+    """Writes window K/V pairs from :func:`run_window_stack` at slots ``start..start+T``: one
+    in-place update per buffer (``core`` at ``depth``). Groups left ``None`` are unchanged."""
+    zero = jnp.int32(0)
+    start = jnp.asarray(start, jnp.int32)
+
+    def put(buf, new, at_depth):
+        if new.shape[0] == 0:
+            return buf
+        if at_depth:
+            new = new[:, None]
+            offset = jnp.stack([zero, jnp.asarray(depth, jnp.int32), start, zero, zero])
+        else:
+            offset = jnp.stack([zero, start, zero, zero])
+        return write_slots(buf, new.astype(buf.dtype), offset)
+
+    updates = {}
+    for name, kv, at_depth in (("prelude", prelude, False), ("core", core, True), ("coda", coda, False)):
+        if kv is not None:
+            updates[name + "_k"] = put(getattr(cache, name + "_k"), kv[0], at_depth)
+            updates[name + "_v"] = put(getattr(cache, name + "_v"), kv[1], at_depth)
+    return cache.replace(**updates)
+
+
+# --------------------------------------------------------------------------------------------------
 # The model functions of DESIGN.md
 
 
@@ -358,6 +509,30 @@ def readout(params: Params, cfg: "ModelConfig", h, positions, cache: KVCache, st
     r, k, v = run_stack(params["coda"], cfg, h, positions, cache.coda_k, cache.coda_v, start,
                         kv_len=kv_len, kv_limit=kv_limit)
     return rms_norm(r, params["final_norm"], cfg.rms_norm_eps), cache.replace(coda_k=k, coda_v=v)
+
+
+def prelude_window(params: Params, cfg: "ModelConfig", h, positions, cache: KVCache, start, *,
+                   prefix_limit=None):
+    """:func:`prelude` over a window without writing: ``(h, (k, v))`` for :func:`store_window`."""
+    h, k, v = run_window_stack(params["prelude"], cfg, h, positions, cache.prelude_k, cache.prelude_v,
+                               start, prefix_limit=prefix_limit)
+    return h, (k, v)
+
+
+def core_window(params: Params, cfg: "ModelConfig", h, positions, cache: KVCache, start, depth, *,
+                prefix_limit=None):
+    """:func:`core_pass` over a window without writing: ``(h, (k, v))`` for :func:`store_window`."""
+    h, k, v = run_window_stack(params["core"], cfg, h, positions, cache.core_k, cache.core_v, start,
+                               depth=depth, prefix_limit=prefix_limit)
+    return h, (k, v)
+
+
+def readout_window(params: Params, cfg: "ModelConfig", h, positions, cache: KVCache, start, *,
+                   prefix_limit=None):
+    """:func:`readout` over a window without writing: ``(r, (k, v))`` for :func:`store_window`."""
+    r, k, v = run_window_stack(params["coda"], cfg, h, positions, cache.coda_k, cache.coda_v, start,
+                               prefix_limit=prefix_limit)
+    return rms_norm(r, params["final_norm"], cfg.rms_norm_eps), (k, v)
 
 
 def carry_norm(params: Params, cfg: "ModelConfig", h) -> jax.Array:

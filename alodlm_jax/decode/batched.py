@@ -22,8 +22,9 @@ yielded in input order as soon as they and every earlier one are complete.
 
 Cache writes and attention: each request writes its window rows with its own in-place
 ``dynamic_update_slice`` (the batching rule of :func:`alodlm_jax.model.write_slots`; plain ``vmap``
-would make it a whole-buffer ``scatter``), and all slots share one power-of-two bucket of the cache
-for attention (the highest live window, ``kv_limit``).
+would make it a whole-buffer ``scatter``), and all slots share one row bucket (the largest live
+window) and one power-of-two bucket of the cache for the prefix (the longest live prefix,
+``prefix_limit``).
 
 Because each request's arithmetic is the single-request arithmetic (up to the shared attention
 bucket, which changes only the length of fp32 reductions), each request's outputs equal decoding it alone (a test
@@ -91,13 +92,16 @@ def _run_program(params, cache, dstate, consts, stop_early, *, cfg, window_size,
         real_start = packed.start
         packed = packed.replace(start=jnp.where(active, real_start, scratch))
         pst = vm(S.init_pass_state, (0, None))(packed, consts["penalty"])
-        # One attention length for the whole batch: the live requests' highest slot (idle requests
-        # write to the scratch slots past every live one, and their discarded rows may attend
-        # anywhere).
-        kv_limit = jnp.max(jnp.where(active, real_start, 0)) + rows
-        cache, h = vm(lambda c, pk: P.window_prelude(params, c, pk, cfg=cfg, kv_limit=kv_limit),
-                      (0, 0))(cache, packed)
-        one_pass = vm(functools.partial(C.window_pass, cfg=cfg, mode=mode, kv_limit=kv_limit),
+        # One prefix length and one row bucket for the whole batch: the live requests' longest
+        # prefix and largest window (idle requests write to the scratch slots past every live
+        # one, and their discarded rows may attend anywhere). Both must be unbatched, or vmap
+        # would turn their lax.switch into running every branch.
+        prefix_limit = jnp.max(jnp.where(active, real_start, 0))
+        rows_needed = jnp.max(jnp.where(active, packed.num_rows, 0))
+        cache, h = vm(lambda c, pk: P.window_prelude(params, c, pk, cfg=cfg, prefix_limit=prefix_limit,
+                                                     rows_needed=rows_needed), (0, 0))(cache, packed)
+        one_pass = vm(functools.partial(C.window_pass, cfg=cfg, mode=mode, prefix_limit=prefix_limit,
+                                        rows_needed=rows_needed),
                       (None, 0, 0, 0, 0, None, None))
 
         def pass_round(inner):

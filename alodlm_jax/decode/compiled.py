@@ -20,10 +20,11 @@ decoding mode and the batch size. The prompt, ``max_new_tokens``, ``q``, ``tau``
 penalty and the stop ids are runtime inputs, so every request of an evaluation run (one decoding
 configuration) whose prompt falls in one length bucket shares one executable. Params and cache are
 arguments; the cache is donated and handed back, so XLA updates it in place and the next request of
-the bucket reuses the buffers. Inside a bucket, attention reads the smallest power-of-two part of
-the cache holding every visible slot, a runtime choice made on the device with ``lax.switch``
-(:func:`alodlm_jax.model.kv_buckets`; the portable engine makes the same one, so the arithmetic
-stays identical).
+the bucket reuses the buffers. Inside a bucket, a window's forward runs on the smallest row bucket
+holding its valid rows and attention reads the smallest power-of-two part of the cache holding
+the prefix, runtime choices made on the device with ``lax.switch``
+(:func:`alodlm_jax.decode.portable.row_buckets`, :func:`alodlm_jax.model.kv_buckets`; the
+portable engine makes the same ones, so the arithmetic stays identical).
 
 Cache slots (:attr:`Bucket.t_max`, the portable engine's size): a window's rows live at
 ``cache_len + packed_row < prompt_len + max_new_tokens + W``. A batched program adds ``W`` scratch
@@ -122,20 +123,24 @@ def begin(dstate, consts, *, cfg, window_size):
                           stop_ids=consts["stop_ids"], mask_id=cfg.mask_token_id)
 
 
-def open_window(params, cache, dstate, consts, *, cfg, kv_limit=None):
+def open_window(params, cache, dstate, consts, *, cfg, prefix_limit=None, rows_needed=None):
     """§6.5 step 4 and the window's one-time part of §2.4: packing, embedding, prelude.
 
-    ``kv_limit``: a batch passes one attention limit shared by its requests (``model.run_stack``)."""
+    ``prefix_limit``, ``rows_needed``: a batch passes values shared by its requests
+    (:func:`.portable.window_prelude`)."""
     packed = S.pack_window(dstate.window, dstate.cache_len, mask_id=cfg.mask_token_id)
     pst = S.init_pass_state(packed, consts["penalty"])
-    cache, h = P.window_prelude(params, cache, packed, cfg=cfg, kv_limit=kv_limit)
+    cache, h = P.window_prelude(params, cache, packed, cfg=cfg, prefix_limit=prefix_limit,
+                                rows_needed=rows_needed)
     return cache, h, packed, pst
 
 
-def window_pass(params, cache, h, packed, pst, depth, consts, *, cfg, mode, kv_limit=None):
+def window_pass(params, cache, h, packed, pst, depth, consts, *, cfg, mode, prefix_limit=None,
+                rows_needed=None):
     """One recurrent pass (§6.4), exactly the portable engine's (:func:`.portable.window_pass`)."""
     cache, h, pst, stop, _ = P.window_pass(params, cache, h, packed, pst, depth, consts["q"],
-                                           consts["tau"], cfg=cfg, mode=mode, kv_limit=kv_limit)
+                                           consts["tau"], cfg=cfg, mode=mode,
+                                           prefix_limit=prefix_limit, rows_needed=rows_needed)
     return cache, h, pst, stop
 
 

@@ -3,8 +3,10 @@
 This is the portable decoder of MODEL_AND_DECODING.md §6 with fixed shapes (§11):
 
 * the prompt is padded to a length bucket and prefilled in one call (all ``K`` passes);
-* a window always has ``W = 2 * window_size`` rows (validity mask in :mod:`.state`); the LM head
-  runs only on the ``window_size`` rows that can hold masks (:func:`token_heads`);
+* a window has ``W = 2 * window_size`` rows (validity mask in :mod:`.state`), its network runs on
+  the smallest row bucket holding the valid rows (:func:`row_buckets`, a ``lax.switch``; the cache
+  is only read there and the window's K/V are stored after it), and the LM head runs only on the
+  ``window_size`` rows that can hold masks (:func:`token_heads`);
 * the KV cache is preallocated with ``T_max`` slots (a bucket ``>= prompt bucket + max_new_tokens
   + W``), passed to every call and donated, so XLA updates it in place;
 * one compiled call per recurrent pass (:func:`step`: injection, core at depth ``s``, readout,
@@ -98,35 +100,95 @@ def _begin(params, cache, dstate, consts, cfg, window_size):
     return cache, dstate, h, packed, pst, dstate.finished
 
 
-def window_prelude(params, cache, packed, *, cfg, kv_limit=None):
+def row_buckets(window_size: int) -> tuple[int, ...]:
+    """The row counts a window's forward runs at: ``window_size``, 5/4 and 3/2 of it, and ``W``.
+
+    A window has ``W = 2 * window_size`` rows but usually fewer valid ones (the masks plus the
+    committed entries behind the first mask), which come first in packed order; its forward runs
+    on the smallest bucket holding them. Never fewer than ``window_size`` rows.
+    """
+    ws = int(window_size)
+    return tuple(sorted({ws, -(-5 * ws // 4), -(-3 * ws // 2), 2 * ws}))
+
+
+def _on_row_bucket(rows: int, needed, make_branch, *operands):
+    """``make_branch(n)(*operands)`` for the smallest row bucket ``n`` holding ``needed`` rows: one
+    ``lax.switch`` (``needed`` must not be batched under ``vmap``: a batch passes a shared value)."""
+    buckets = row_buckets(rows // 2)
+    index = jnp.minimum(jnp.sum((jnp.asarray(buckets, jnp.int32) < needed).astype(jnp.int32)),
+                        len(buckets) - 1)
+    return jax.lax.switch(index, [make_branch(n) for n in buckets], *operands)
+
+
+def _pad_rows(x, rows: int, axis: int = 0, fill=None):
+    """``x`` grown to ``rows`` along ``axis``: the new rows are zeros, or ``fill``'s rows."""
+    if x.shape[axis] == rows:
+        return x
+    if fill is None:
+        shape = x.shape[:axis] + (rows,) + x.shape[axis + 1:]
+        fill = jnp.zeros(shape, x.dtype)
+    return jax.lax.dynamic_update_slice_in_dim(fill, x, 0, axis=axis)
+
+
+def _pad_kv(kv, rows: int):
+    return tuple(_pad_rows(x, rows, axis=1) for x in kv)
+
+
+def window_prelude(params, cache, packed, *, cfg, prefix_limit=None, rows_needed=None):
     """Embedding and prelude of a packed window -> ``(cache, h [W, H])``.
 
-    ``kv_limit``: see ``model.run_stack`` (a batch passes one limit shared by its requests).
-
-    Every window runs on all ``W`` rows (valid rows first, padding after). Running it on a smaller
-    row bucket chosen with ``lax.switch`` was measured to be 15-25 % faster on the CPU bench, but
-    XLA then copies the whole KV cache inside the taken branch at every layer write (the cache flows
-    through the conditional), a cost that grows with the cache and would dominate long generations
-    and any GPU run; so the row count stays fixed.
+    Row buckets and deferred writes: the forward runs on the smallest of :func:`row_buckets` holding
+    the window's valid rows (``rows_needed``, default ``packed.num_rows``; a batch passes one shared
+    value), reading the cache only (``model.prelude_window``); the window's K/V are stored after
+    the ``lax.switch``. XLA copies a buffer that is updated inside a conditional (the whole cache,
+    at every layer, when the layers wrote their slots inside the switch), so the writes stay out
+    of it. Rows past the bucket are padding (zeros). ``prefix_limit``: see
+    ``model.run_window_stack`` (a batch passes one limit shared by its requests).
     """
-    h = M.embed(params, packed.ids)
-    h, cache = M.prelude(params, cfg, h, packed.positions, cache, packed.start, kv_limit=kv_limit)
-    return cache, h
+    rows = packed.ids.shape[0]
+
+    def branch(n):
+        def run(cache):
+            h = M.embed(params, packed.ids[:n])
+            h, kv = M.prelude_window(params, cfg, h, packed.positions[:n], cache, packed.start,
+                                     prefix_limit=prefix_limit)
+            return _pad_rows(h, rows), _pad_kv(kv, rows)
+        return run
+
+    needed = packed.num_rows if rows_needed is None else rows_needed
+    h, kv = _on_row_bucket(rows, needed, branch, cache)
+    return M.store_window(cache, packed.start, prelude=kv), h
 
 
-def window_pass(params, cache, h, packed, pst, depth, q, tau, *, cfg, mode, kv_limit=None):
+def window_pass(params, cache, h, packed, pst, depth, q, tau, *, cfg, mode, prefix_limit=None,
+                rows_needed=None):
     """One recurrent pass: inject, core at ``depth``, readout, heads, decision, carry norm.
 
-    Returns ``(cache, h_next, pst, stop, core_input)``; ``core_input`` is the carry after injection,
-    which only a traced run reads back.
+    The core and coda run on the window's row bucket, reading the cache only, and their K/V are
+    stored afterwards (see :func:`window_prelude`). Returns ``(cache, h_next, pst, stop,
+    core_input)`` with ``W`` rows; ``core_input`` is the carry after injection, which only a traced
+    run reads back.
     """
-    rows, tok = S.injection_rows(pst)
-    h = jnp.where(rows[:, None], M.embed(params, tok), h)
+    rows = h.shape[0]
+    inject, tok = S.injection_rows(pst)
+    h = jnp.where(inject[:, None], M.embed(params, tok), h)
     core_input = h
-    h, cache = M.core_pass(params, cfg, h, packed.positions, cache, packed.start, depth,
-                           kv_limit=kv_limit)
-    r, cache = M.readout(params, cfg, h, packed.positions, cache, packed.start, kv_limit=kv_limit)
-    pred, entropy = token_heads(params, r, packed, h.shape[0] // 2)
+
+    def branch(n):
+        def run(cache, h_in):
+            positions = packed.positions[:n]
+            h, core_kv = M.core_window(params, cfg, h_in[:n], positions, cache, packed.start, depth,
+                                       prefix_limit=prefix_limit)
+            r, coda_kv = M.readout_window(params, cfg, h, positions, cache, packed.start,
+                                          prefix_limit=prefix_limit)
+            return (_pad_rows(h, rows, fill=h_in), _pad_rows(r, rows), _pad_kv(core_kv, rows),
+                    _pad_kv(coda_kv, rows))
+        return run
+
+    needed = packed.num_rows if rows_needed is None else rows_needed
+    h, r, core_kv, coda_kv = _on_row_bucket(rows, needed, branch, cache, h)
+    cache = M.store_window(cache, packed.start, depth, core=core_kv, coda=coda_kv)
+    pred, entropy = token_heads(params, r, packed, rows // 2)
     hazard = M.gate_hazard(params, r, depth)
     pst, stop = S.decide_pass(pst, pred, entropy, hazard, depth, q=q, tau=tau, mode=mode,
                               max_depth=cfg.max_depth)

@@ -4,11 +4,16 @@ stacked layout (tokens, exit depths, counters; hazards to fp32 rounding)."""
 
 from __future__ import annotations
 
+import re
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from alodlm_jax import model as M
 from alodlm_jax.config import DecodeConfig
+from alodlm_jax.decode import batched
 from alodlm_jax.decode.compiled import Bucket, CompiledEngine
 from alodlm_jax.decode.portable import PortableEngine
 
@@ -39,3 +44,37 @@ def test_per_layer_engines_identical_across_attention_buckets(checkpoints, topol
     hazards = (got.pop("first_pass_halt_probabilities"), same.pop("first_pass_halt_probabilities"))
     assert got == same
     np.testing.assert_allclose(*hazards, atol=1e-6, rtol=0)
+
+
+def _cache_copies(hlo: str, cache) -> list[str]:
+    """Instructions of an optimized HLO module that copy a whole cache buffer."""
+    shapes = {",".join(map(str, x.shape)) for x in jax.tree_util.tree_leaves(cache)}
+    hits = []
+    for line in hlo.split("\n"):
+        m = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = f32\[([\d,]+)\]\S* (copy|fusion)\(", line)
+        if m and m.group(2) in shapes and (m.group(3) == "copy" or "copy" in m.group(1)):
+            hits.append(f"{m.group(1)} f32[{m.group(2)}]")
+    return hits
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_decode_programs_never_copy_the_cache(checkpoints, batch):
+    """The window forwards run inside ``lax.switch``es (row buckets, attention buckets); XLA copies
+    a buffer updated inside a conditional, so the cache must only be read there. A regression
+    (e.g. a layer writing its slots inside the switch) shows up as whole-cache copies in the
+    optimized program: the row-bucket version of commit 8277d20 had 42 on the small bench model."""
+    cfg, stacked = checkpoints.get("sandwich", 1, 6.0)
+    per_layer = M.unstack_layers(stacked)
+    decode = DecodeConfig(q=0.5, tau=2.0, window_size=4, max_new_tokens=56)
+    engine = CompiledEngine(cfg, per_layer, decode, [], measure_prefill=False, batch_size=batch)
+    bucket = engine.bucket_for(len(PROMPT), batch=batch)
+    if batch == 1:
+        hlo = engine.compile_for(bucket).as_text()
+        cache = jax.eval_shape(lambda: M.init_cache(cfg, bucket.t_max, np.float32))
+    else:
+        run, _ = batched.compile_batch(engine, bucket)
+        hlo = run.as_text()
+        cache = jax.eval_shape(lambda: jax.tree_util.tree_map(
+            lambda x: jnp.broadcast_to(x, (batch,) + x.shape), M.init_cache(cfg, bucket.t_max, np.float32)))
+    assert "conditional" in hlo  # the switches are there
+    assert _cache_copies(hlo, cache) == []

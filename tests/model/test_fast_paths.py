@@ -87,3 +87,64 @@ def test_batched_cache_write_is_per_request_and_in_place():
     hlo = jax.jit(jax.vmap(write), donate_argnums=0).lower(buf, upd, layer, start).compile().as_text()
     assert "scatter" not in hlo
     assert hlo.count("dynamic-update-slice") >= 4
+
+
+GROUPS = {  # name -> (writing forward, window forward without writes, store_window keyword)
+    "prelude": (model.prelude, model.prelude_window, "prelude"),
+    "core": (model.core_pass, model.core_window, "core"),
+    "coda": (model.readout, model.readout_window, "coda"),
+}
+
+
+def _cache_with_garbage(cfg, t_max: int, start: int, seed: int):
+    """A cache whose slots ``< start`` hold random K/V and every later slot holds 1e4."""
+    rng = np.random.default_rng(seed)
+    cache = model.init_cache(cfg, t_max, jnp.float32)
+
+    def fill(buf):
+        values = rng.standard_normal(buf.shape).astype(np.float32)
+        visible = (np.arange(t_max) < start).reshape((t_max,) + (1, 1))
+        return jnp.asarray(np.where(visible, values, np.float32(1e4)))
+
+    return jax.tree_util.tree_map(fill, cache)
+
+
+@pytest.mark.parametrize("group", sorted(GROUPS))
+@pytest.mark.parametrize("start", [16, 40, 100])
+def test_window_forward_without_writes_equals_the_writing_forward(tiny, group, start):
+    """``*_window`` + ``store_window`` (prefix and window as two attention blocks, cache only read)
+    compute what the writing forward computes, up to the order of the fp32 softmax sums."""
+    params, cfg = to_device(tiny.np_params, "fp32", per_layer=True), tiny.cfg
+    rows, t_max = 8, 256
+    cache = _cache_with_garbage(cfg, t_max, start, seed=start)
+    h = model.embed(params, jnp.asarray(IDS[:rows]))
+    pos = jnp.arange(start, start + rows, dtype=jnp.int32)
+    writing, window, key = GROUPS[group]
+    depth = (jnp.int32(1),) if group == "core" else ()
+    out_w, cache_w = jax.jit(writing, static_argnums=1)(params, cfg, h, pos, cache, jnp.int32(start), *depth)
+    out_d, kv = jax.jit(window, static_argnums=1)(params, cfg, h, pos, cache, jnp.int32(start), *depth)
+    assert kv[0].shape[:2] == (len(params[group]), rows)
+    cache_d = model.store_window(cache, jnp.int32(start), *depth, **{key: kv})
+    assert np.isfinite(np.asarray(out_d)).all()  # the 1e4 garbage past the prefix is never seen
+    np.testing.assert_allclose(np.asarray(out_d), np.asarray(out_w), atol=2e-6, rtol=0)
+    for name in ("prelude_k", "prelude_v", "core_k", "core_v", "coda_k", "coda_v"):
+        np.testing.assert_allclose(np.asarray(getattr(cache_d, name)), np.asarray(getattr(cache_w, name)),
+                                   atol=2e-6, rtol=0, err_msg=name)
+
+
+@pytest.mark.parametrize("start", [16, 100])
+def test_rows_past_a_row_bucket_are_never_seen(tiny, start):
+    """A window forward on its first ``n`` rows gives those rows what the forward on all rows gives
+    them (attention is causal in packed order): what makes row buckets exact."""
+    params, cfg = to_device(tiny.np_params, "fp32", per_layer=True), tiny.cfg
+    cache = _cache_with_garbage(cfg, 256, start, seed=1)
+    ids = jnp.asarray(IDS)
+    pos = jnp.arange(start, start + len(IDS), dtype=jnp.int32)
+    run = jax.jit(model.core_window, static_argnums=1)
+    full, (k_full, v_full) = run(params, cfg, model.embed(params, ids), pos, cache, jnp.int32(start), jnp.int32(0))
+    n = 10
+    part, (k_part, v_part) = run(params, cfg, model.embed(params, ids[:n]), pos[:n], cache, jnp.int32(start),
+                                 jnp.int32(0))
+    np.testing.assert_allclose(np.asarray(part), np.asarray(full[:n]), atol=2e-6, rtol=0)
+    np.testing.assert_allclose(np.asarray(k_part), np.asarray(k_full[:, :n]), atol=2e-6, rtol=0)
+    np.testing.assert_allclose(np.asarray(v_part), np.asarray(v_full[:, :n]), atol=2e-6, rtol=0)
