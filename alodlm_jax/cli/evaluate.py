@@ -17,7 +17,8 @@ from typing import Any, Mapping, Sequence, TextIO
 
 from absl import flags
 
-from alodlm_jax.cli.flags import decode_config_from_flags, define_decode_flags, run_command
+from alodlm_jax.cli.flags import (decode_config_from_flags, define_decode_flags, define_model_flags,
+                                  run_command)
 from alodlm_jax.config import ENGINE_NAMES, ENGINES, DecodeConfig
 
 PROG = "alodlm-jax-evaluate"
@@ -28,13 +29,7 @@ _PROTOCOL_FIELDS_FROM_GENERATOR = ("decoder", "precision", "device", "gpu", "dev
 
 flags.DEFINE_string("model", None, "Local model directory or Hugging Face model id. Required in "
                     "generate mode; ignored with --predictions.", flag_values=FLAGS)
-flags.DEFINE_string("model_config", None, "YAML file whose `model` section builds the recurrence "
-                    "config for checkpoints without ALoDLM metadata.", flag_values=FLAGS)
-flags.DEFINE_enum("device", None, ["cpu", "cuda", "gpu", "tpu"], "JAX device to generate on "
-                  "(cuda and gpu both select JAX's GPU backend). Default: cuda when JAX sees a "
-                  "GPU, else cpu (decided only in generate mode).", flag_values=FLAGS)
-flags.DEFINE_enum("precision", "fp32", ["fp32", "bf16"], "Model weight and activation precision.",
-                  flag_values=FLAGS)
+define_model_flags(FLAGS, device_note="decided only in generate mode")
 define_decode_flags(FLAGS)
 flags.DEFINE_string("input", None, "Task JSONL file (required): one fully formatted task per line.",
                     flag_values=FLAGS)

@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 from absl import flags
 
 __all__ = ["USER_ERRORS", "normalize_argv", "parse_flags", "run_command", "error_line",
-           "define_decode_flags", "decode_config_from_flags"]
+           "define_decode_flags", "decode_config_from_flags", "define_model_flags"]
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -160,6 +160,19 @@ def run_command(
         print(f"{prog}: interrupted", file=sys.stderr, flush=True)
         return 130
     return int(status or 0)
+
+
+def define_model_flags(flag_values: flags.FlagValues, *, device_note: str = "") -> None:
+    """``--model_config``, ``--device`` and ``--precision``: one definition for every command that
+    loads a model (``device_note`` adds a command's own remark to the device help)."""
+    d = {"flag_values": flag_values}
+    flags.DEFINE_string("model_config", None, "YAML file whose `model` section builds the recurrence "
+                        "config for checkpoints without ALoDLM metadata.", **d)
+    flags.DEFINE_enum("device", None, ["cpu", "cuda", "gpu", "tpu"], "JAX device (cuda and gpu both "
+                      "select JAX's GPU backend). Default: cuda when JAX sees a GPU, else cpu"
+                      + (f" ({device_note})" if device_note else "") + ".", **d)
+    flags.DEFINE_enum("precision", "fp32", ["fp32", "bf16"], "Model weight and activation precision.",
+                      **d)
 
 
 def define_decode_flags(flag_values: flags.FlagValues) -> None:

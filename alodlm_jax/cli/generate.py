@@ -14,7 +14,8 @@ from typing import Sequence
 
 from absl import flags
 
-from alodlm_jax.cli.flags import decode_config_from_flags, define_decode_flags, run_command
+from alodlm_jax.cli.flags import (decode_config_from_flags, define_decode_flags, define_model_flags,
+                                  run_command)
 from alodlm_jax.config import ENGINES
 
 PROG = "alodlm-jax-generate"
@@ -22,17 +23,12 @@ FLAGS = flags.FlagValues()
 
 flags.DEFINE_string("model", None, "Local model directory (HF or converted) or Hugging Face model "
                     "id (required).", flag_values=FLAGS)
-flags.DEFINE_string("model_config", None, "YAML file whose `model` section builds the recurrence "
-                    "config for checkpoints without ALoDLM metadata.", flag_values=FLAGS)
+define_model_flags(FLAGS)
 flags.DEFINE_string("prompt", None, "User message; the chat template is applied.", flag_values=FLAGS)
 flags.DEFINE_boolean("thinking", False, "Enable the thinking section of the chat template.",
                      flag_values=FLAGS)
 flags.DEFINE_string("prompt_ids", None, "Raw prompt token ids, comma-separated (no template).",
                     flag_values=FLAGS)
-flags.DEFINE_enum("device", None, ["cpu", "cuda", "gpu", "tpu"], "JAX device (cuda and gpu both "
-                  "select JAX's GPU backend). Default: cuda when JAX sees a GPU, else cpu.",
-                  flag_values=FLAGS)
-flags.DEFINE_enum("precision", "fp32", ["fp32", "bf16"], "Model precision.", flag_values=FLAGS)
 flags.DEFINE_enum("engine", "compiled", list(ENGINES), "Decoder engine: compiled (the default: "
                   "the whole generation is one XLA program per shape bucket) or portable (jitted "
                   "passes, Python host loop); their outputs are identical.", flag_values=FLAGS)

@@ -22,7 +22,7 @@ from typing import Sequence, TextIO
 
 from absl import flags
 
-from alodlm_jax.cli.flags import run_command
+from alodlm_jax.cli.flags import define_model_flags, run_command
 from alodlm_jax.config import ENGINES, DecodeConfig
 
 PROG = "alodlm-jax-sweep"
@@ -30,8 +30,7 @@ FLAGS = flags.FlagValues()
 
 flags.DEFINE_string("model", None, "Local model directory or Hugging Face model id (needed unless "
                     "every point is already complete).", flag_values=FLAGS)
-flags.DEFINE_string("model_config", None, "YAML file whose `model` section builds the recurrence "
-                    "config for checkpoints without ALoDLM metadata.", flag_values=FLAGS)
+define_model_flags(FLAGS)
 flags.DEFINE_string("input", None, "Task JSONL file (required).", flag_values=FLAGS)
 flags.DEFINE_string("output", None, "Sweep directory (required): one subdirectory per point, "
                     "sweep.json and report.html.", flag_values=FLAGS)
@@ -47,9 +46,6 @@ flags.DEFINE_integer("max_new_tokens", 4096, "Generation budget per task (>= 1),
                      flag_values=FLAGS)
 flags.DEFINE_float("position_penalty", None, "Entropy penalty per window position, finite and "
                    ">= 0, all points. Default: 0.05 * tau of each point.", flag_values=FLAGS)
-flags.DEFINE_enum("device", None, ["cpu", "cuda", "gpu", "tpu"], "JAX device. Default: cuda "
-                  "when JAX sees a GPU, else cpu.", flag_values=FLAGS)
-flags.DEFINE_enum("precision", "fp32", ["fp32", "bf16"], "Model precision.", flag_values=FLAGS)
 flags.DEFINE_enum("engine", "portable", list(ENGINES), "Decoder engine (recorded as "
                   "protocol.decoder).", flag_values=FLAGS)
 flags.DEFINE_integer("workers", os.cpu_count() or 1, "Fresh-interpreter workers scoring code "
