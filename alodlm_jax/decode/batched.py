@@ -1,24 +1,28 @@
 """Batched compiled decoding: ``B`` request slots advance together in one XLA program.
 
-Each slot keeps its own window state (:class:`~alodlm_jax.decode.state.DecodeState`) and its own KV
-cache; both carry a leading batch axis and the per-request functions of
-:mod:`alodlm_jax.decode.compiled` are ``jax.vmap``-ed over it, so every matrix product sees the
-rows of all slots at once. The loops are written out here (not a vmapped ``while_loop``, which
-would select the whole carry, cache included, at every iteration):
+Each slot keeps its own window state (:class:`~alodlm_jax.decode.state.DecodeState`), its own
+window in progress and its own KV cache, all with a leading batch axis (:class:`Slots`), and the
+per-request functions of :mod:`alodlm_jax.decode.compiled` are ``jax.vmap``-ed over it, so every
+matrix product sees the rows of all slots at once. The program is one ``lax.while_loop`` of
+*steps*; a step runs exactly one recurrent pass for every live request, each at its own depth:
 
-* the outer loop runs window rounds while any slot is unfinished; a round opens a window for every
-  live slot;
-* the inner loop runs while any live slot's window has not stopped; a slot whose window already
-  stopped (or that is finished or empty) is *idle*: its pass is computed but discarded, and its K/V
-  writes are redirected to the cache's scratch slots (``Bucket.scratch_start``), so its real cache
-  stays exactly as if it had decoded alone.
+1. requests whose window is not open yet run its embedding and prelude (the others' prelude rows
+   are computed and discarded: their K/V go to the cache's scratch slots, ``Bucket.scratch_start``);
+2. every live request runs one pass of its window (§6.4) at its own depth;
+3. requests whose window stopped close it (cache completion, §6.5 bookkeeping, the next window's
+   top-up) and pack their next window, which opens at the next step.
+
+So windows are not synchronized: a request whose window stops after one pass starts its next
+window at the next step instead of waiting for the slowest window of the batch (with adaptive
+depth, rounds of synchronized windows ran about twice the passes a request needs). Finished or
+empty slots idle: their rows are computed, discarded, and written to the scratch slots, so a
+request's real cache is exactly as if it had decoded alone.
 
 Continuous batching (:func:`generate_stream`): the host admits waiting requests into empty slots
-(one compiled *admit* program: the request's prefill into its slot of the cache, its initial state
-and first top-up) and runs the batch program, which returns as soon as a slot finishes while
-requests are waiting; the host then collects that slot's result and admits the next request. So a
-finished request is replaced by a waiting one instead of idling until its batch ends. Results are
-yielded in input order as soon as they and every earlier one are complete.
+(one compiled *admit* program: the request's prefill into its slot of the cache, its initial state,
+first top-up and packed first window) and runs the batch program, which returns as soon as a slot
+finishes while requests are waiting; the host then collects that slot's result and admits the next
+request. Results are yielded in input order as soon as they and every earlier one are complete.
 
 Cache writes and attention: each request writes its window rows with its own in-place
 ``dynamic_update_slice`` (the batching rule of :func:`alodlm_jax.model.write_slots`; plain ``vmap``
@@ -26,17 +30,15 @@ would make it a whole-buffer ``scatter``), and all slots share one row bucket (t
 window) and one power-of-two bucket of the cache for the prefix (the longest live prefix,
 ``prefix_limit``).
 
-Because each request's arithmetic is the single-request arithmetic (up to the shared attention
-bucket, which changes only the length of fp32 reductions), each request's outputs equal decoding it alone (a test
-checks tokens, exit depths and counters exactly, hazards to 1e-6).
+Because each request's arithmetic is the single-request arithmetic (up to the shared buckets,
+which change only the length of fp32 reductions and the row count of matrix products), each
+request's outputs equal decoding it alone (a test checks tokens, exit depths and counters
+exactly, hazards to 1e-6).
 
-Performance on a CPU (``scripts/bench_decode.py``, 2 cores): batching does not pay off there yet
-(batch 8 gives about half the tokens/s of one request at a time on the small bench model, two
-thirds on the medium one). On the small model the batch's matrix products do run near the machine's
-matmul rate, but every other operation of a pass grows with the rows of all slots, and slots whose
-window already stopped still compute their rows until the batch's slowest window stops. Batching is
-meant for accelerators, where a pass is bound by reading the weights and ``B`` requests share one
-read; it is untested there.
+Performance on a CPU (``scripts/bench_decode.py``, 2 cores): see the README's performance section.
+A step's matrix products run near the machine's matmul rate already at batch 1 on the medium bench
+model, so a batch gains little there; batching is meant for accelerators, where a pass is bound
+by reading the weights and ``B`` requests share one read. It is untested there.
 
 Timing (:data:`BATCH_TIMING`): the host times every program execution. An admit is charged to the
 admitted request (its ``prefill_seconds``, also added to its ``wall_seconds``); a batch run's wall
@@ -54,6 +56,7 @@ from typing import Iterator, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
 from alodlm_jax import model as M
 from alodlm_jax.decode import compiled as C
@@ -63,6 +66,27 @@ from alodlm_jax.decode.result import DecodeOutput
 
 BATCH_TIMING = ("continuous batching: each request's wall_seconds = its own admit (prefill) time "
                 "+ each batch run's wall time divided by the requests live in that run")
+
+
+@struct.dataclass
+class Slots:
+    """The batch's carry between program executions, every field with a leading ``[B]`` axis.
+
+    ``dstate`` is each request's :class:`~alodlm_jax.decode.state.DecodeState`; the other fields
+    are its window in progress: ``packed`` (the current or, while ``is_open`` is false, the next
+    window), the carry ``h`` ``[B, W, H]``, the pass state ``pst`` and ``depth``, the pass the
+    window runs next. ``live_steps`` counts the steps the request was live in: one pass each, so it
+    ends equal to the request's ``recurrent_passes`` (no step is spent waiting for other requests;
+    a test checks it).
+    """
+
+    dstate: S.DecodeState
+    packed: S.Packed
+    h: jax.Array
+    pst: S.PassState
+    depth: jax.Array
+    is_open: jax.Array
+    live_steps: jax.Array
 
 
 def _select(mask, new, old):
@@ -75,85 +99,108 @@ def _select(mask, new, old):
     return jax.tree_util.tree_map(pick, new, old)
 
 
-def _run_program(params, cache, dstate, consts, stop_early, *, cfg, window_size, mode):
-    """Window rounds for every unfinished slot; with ``stop_early`` it returns after the round in
-    which a slot that was unfinished at entry finishes (so the host can admit a waiting request)."""
+def _run_program(params, cache, slots, consts, stop_early, *, cfg, window_size, mode):
+    """Steps of one pass per live request; with ``stop_early`` it returns after the step in which a
+    request that was live at entry finishes (so the host can admit a waiting one)."""
     C.TRACE_COUNTS["batch"] += 1
     rows = 2 * window_size
     scratch = jnp.int32(cache.core_k.shape[3] - rows)  # [B, L, K, T_max, ...]
     vm = lambda f, in_axes: jax.vmap(f, in_axes=in_axes)  # noqa: E731
-    entry_live = ~dstate.finished
+    entry_live = ~slots.dstate.finished
+    mask_id = cfg.mask_token_id
 
-    def window_round(carry):
-        cache, dstate = carry
-        active = ~dstate.finished
-        packed = vm(lambda w, n: S.pack_window(w, n, mask_id=cfg.mask_token_id), (0, 0))(
-            dstate.window, dstate.cache_len)
+    def step(carry):
+        cache, slots = carry
+        dstate, packed = slots.dstate, slots.packed
+        live = ~dstate.finished
+        opening = live & ~slots.is_open
         real_start = packed.start
-        packed = packed.replace(start=jnp.where(active, real_start, scratch))
-        pst = vm(S.init_pass_state, (0, None))(packed, consts["penalty"])
         # One prefix length and one row bucket for the whole batch: the live requests' longest
-        # prefix and largest window (idle requests write to the scratch slots past every live
-        # one, and their discarded rows may attend anywhere). Both must be unbatched, or vmap
-        # would turn their lax.switch into running every branch.
-        prefix_limit = jnp.max(jnp.where(active, real_start, 0))
-        rows_needed = jnp.max(jnp.where(active, packed.num_rows, 0))
-        cache, h = vm(lambda c, pk: P.window_prelude(params, c, pk, cfg=cfg, prefix_limit=prefix_limit,
-                                                     rows_needed=rows_needed), (0, 0))(cache, packed)
-        one_pass = vm(functools.partial(C.window_pass, cfg=cfg, mode=mode, prefix_limit=prefix_limit,
-                                        rows_needed=rows_needed),
-                      (None, 0, 0, 0, 0, None, None))
+        # prefix and largest window. Both must be unbatched, or vmap would turn their lax.switch
+        # into running every branch.
+        prefix_limit = jnp.max(jnp.where(live, real_start, 0))
+        rows_needed = jnp.max(jnp.where(live, packed.num_rows, 0))
 
-        def pass_round(inner):
-            # Every running request started this window with the others and advanced with each
-            # round, so they all run pass `depth` now: one shared (unbatched) depth index keeps the
-            # cache reads plain slices instead of per-request gathers.
-            depth, executed, cache, h, pst, running = inner
-            here = packed.replace(start=jnp.where(running, real_start, scratch))
-            cache, h_new, pst_new, stop = one_pass(params, cache, h, here, pst, depth, consts)
-            h = _select(running, h_new, h)
-            pst = _select(running, pst_new, pst)
-            executed = executed + running.astype(jnp.int32)
-            return depth + 1, executed, cache, h, pst, running & ~stop
+        # Requests starting a window run its prelude; the others' prelude rows are discarded
+        # (their K/V go to the scratch slots).
+        h0, kv = vm(lambda c, pk: P.prelude_rows(params, c, pk, cfg=cfg, prefix_limit=prefix_limit,
+                                                 rows_needed=rows_needed), (0, 0))(cache, packed)
+        cache = vm(lambda c, st, kv: M.store_window(c, st, prelude=kv), (0, 0, 0))(
+            cache, jnp.where(opening, real_start, scratch), kv)
+        h = jnp.where(opening[:, None, None], h0, slots.h)
+        pst = _select(opening, vm(S.init_pass_state, (0, None))(packed, consts["penalty"]), slots.pst)
+        depth = jnp.where(opening | ~live, 0, slots.depth)
 
-        _, executed, cache, h, pst, _ = jax.lax.while_loop(
-            lambda inner: jnp.any(inner[5]), pass_round,
-            (jnp.int32(0), jnp.zeros_like(real_start), cache, h, pst, active))
-        # Idle requests complete the (discarded) scratch slots; live ones their window.
-        close = functools.partial(C.close_window, cfg=cfg, window_size=window_size)
-        cache, new_state = vm(close, (0, 0, 0, 0, 0, None))(
-            cache, dstate, packed, pst, jnp.maximum(executed, 1), consts)
-        return cache, _select(active, new_state, dstate)
+        # One pass for every live request, each at its own depth; idle rows write to the scratch slots.
+        here = packed.replace(start=jnp.where(live, real_start, scratch))
+        one_pass = vm(functools.partial(C.window_pass_for_batch, cfg=cfg, mode=mode,
+                                        prefix_limit=prefix_limit, rows_needed=rows_needed),
+                      (None, 0, 0, 0, 0, 0, None))
+        cache, h, pst, stop, core_kv = one_pass(params, cache, h, here, pst, depth, consts)
+        stop = stop & live
+
+        # Windows that stopped close: their core depths >= executed take this (last) pass's core
+        # K/V (§5 completion, written from the pass's own K/V rather than read back from the
+        # cache: XLA fused such reads with the pass's writes and then copied the whole cache),
+        # then the §6.5 bookkeeping, the next window's top-up and its packing.
+        executed = depth + 1
+        for d in range(cfg.max_depth):
+            target = jnp.where(stop & (d >= executed), real_start, scratch)
+            cache = vm(lambda c, st, kv: M.store_window(c, st, d, core=kv), (0, 0, 0))(
+                cache, target, core_kv)
+        close = functools.partial(C.end_and_begin, cfg=cfg, window_size=window_size)
+        closed = vm(close, (0, 0, 0, 0, None))(dstate, packed, pst, executed, consts)
+        dstate = _select(stop, closed, dstate)
+        next_packed = vm(lambda w, n: S.pack_window(w, n, mask_id=mask_id), (0, 0))(
+            dstate.window, dstate.cache_len)
+        return cache, Slots(dstate=dstate, packed=_select(stop, next_packed, packed), h=h, pst=pst,
+                            depth=executed, is_open=live & ~stop,
+                            live_steps=slots.live_steps + live.astype(jnp.int32))
 
     def keep_going(carry):
-        finished = carry[1].finished
+        finished = carry[1].dstate.finished
         someone_done = jnp.any(entry_live & finished)
         return jnp.any(~finished) & ~(stop_early & someone_done)
 
-    return jax.lax.while_loop(keep_going, window_round, (cache, dstate))
+    return jax.lax.while_loop(keep_going, step, (cache, slots))
 
 
-def _admit_program(params, cache, dstate, slot, prompt, prompt_len, consts, *, cfg, window_size,
+def _admit_program(params, cache, slots, slot, prompt, prompt_len, consts, *, cfg, window_size,
                    capacity):
-    """Prefills ``prompt`` into cache slot ``slot`` and gives the slot a fresh, topped-up state."""
+    """Prefills ``prompt`` into cache slot ``slot``; the slot gets a fresh, topped-up state whose
+    first window is packed and not yet open."""
     C.TRACE_COUNTS["admit"] += 1
     take = lambda x: jax.lax.dynamic_index_in_dim(x, slot, 0, keepdims=False)  # noqa: E731
     member = C.prefill(params, jax.tree_util.tree_map(take, cache), prompt, cfg=cfg)
     cache = jax.tree_util.tree_map(
         lambda x, m: jax.lax.dynamic_update_index_in_dim(x, m, slot, 0), cache, member)
-    fresh = S.DecodeState.initial(rows=2 * window_size, capacity=capacity,
-                                  mask_id=cfg.mask_token_id, cache_len=prompt_len)
-    fresh = C.begin(fresh, consts, cfg=cfg, window_size=window_size)
-    dstate = jax.tree_util.tree_map(
-        lambda x, m: jax.lax.dynamic_update_index_in_dim(x, m, slot, 0), dstate, fresh)
-    return cache, dstate
+    fresh = _fresh_slot(params, cfg, window_size, capacity, prompt_len, consts)
+    slots = jax.tree_util.tree_map(
+        lambda x, m: jax.lax.dynamic_update_index_in_dim(x, m, slot, 0), slots, fresh)
+    return cache, slots
+
+
+def _fresh_slot(params, cfg, window_size, capacity, prompt_len, consts, finished=False) -> Slots:
+    """One request's :class:`Slots` entry after its prefill (``finished``: an empty slot)."""
+    rows = 2 * window_size
+    dstate = S.DecodeState.initial(rows=rows, capacity=capacity, mask_id=cfg.mask_token_id,
+                                   cache_len=prompt_len)
+    if finished:
+        dstate = dstate.replace(finished=jnp.bool_(True))
+    else:
+        dstate = C.begin(dstate, consts, cfg=cfg, window_size=window_size)
+    packed = S.pack_window(dstate.window, dstate.cache_len, mask_id=cfg.mask_token_id)
+    hidden = params["embed"].shape[1]
+    return Slots(dstate=dstate, packed=packed, h=jnp.zeros((rows, hidden), params["embed"].dtype),
+                 pst=S.init_pass_state(packed, consts["penalty"]), depth=jnp.int32(0),
+                 is_open=jnp.bool_(False), live_steps=jnp.int32(0))
 
 
 _JIT = {
     "batch": jax.jit(_run_program, static_argnames=("cfg", "window_size", "mode"),
-                     donate_argnames=("cache", "dstate")),
+                     donate_argnames=("cache", "slots")),
     "admit": jax.jit(_admit_program, static_argnames=("cfg", "window_size", "capacity"),
-                     donate_argnames=("cache", "dstate")),
+                     donate_argnames=("cache", "slots")),
 }
 
 
@@ -161,11 +208,10 @@ def _batched_spec(bucket: C.Bucket, one):
     return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct((bucket.batch,) + x.shape, x.dtype), one)
 
 
-def _empty_state(engine, bucket: C.Bucket):
+def _empty_slots(engine, bucket: C.Bucket) -> Slots:
     """Every slot empty (finished): the batch's starting state."""
-    one = S.DecodeState.initial(rows=bucket.rows, capacity=bucket.capacity,
-                                mask_id=engine.cfg.mask_token_id, cache_len=0)
-    one = one.replace(finished=jnp.bool_(True))
+    one = _fresh_slot(engine.params, engine.cfg, bucket.window_size, bucket.capacity, 0,
+                      engine.consts(), finished=True)
     return jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (bucket.batch,) + x.shape).copy(), one)
 
 
@@ -174,15 +220,15 @@ def compile_batch(engine, bucket: C.Bucket):
     params = C._spec(engine.params)
     cache = _batched_spec(bucket, jax.eval_shape(
         lambda: M.init_cache(engine.cfg, bucket.t_max, engine.dtype)))
-    dstate = jax.eval_shape(lambda: _empty_state(engine, bucket))
+    slots = jax.eval_shape(lambda: _empty_slots(engine, bucket))
     consts = C._spec(engine.consts())
     i32 = jax.ShapeDtypeStruct((), jnp.int32)
     mode = engine.decode.mode
     run = engine.get_executable("batch", _JIT["batch"], (bucket, mode), lambda: (
-        (params, cache, dstate, consts, jax.ShapeDtypeStruct((), jnp.bool_)),
+        (params, cache, slots, consts, jax.ShapeDtypeStruct((), jnp.bool_)),
         dict(cfg=engine.cfg, window_size=bucket.window_size, mode=mode)))
     admit = engine.get_executable("admit", _JIT["admit"], (bucket,), lambda: (
-        (params, cache, dstate, i32, jax.ShapeDtypeStruct((bucket.prompt_bucket,), jnp.int32), i32,
+        (params, cache, slots, i32, jax.ShapeDtypeStruct((bucket.prompt_bucket,), jnp.int32), i32,
          consts),
         dict(cfg=engine.cfg, window_size=bucket.window_size, capacity=bucket.capacity)))
     return run, admit
@@ -204,19 +250,20 @@ def generate_stream(engine, prompts: Sequence[Sequence[int]], batch_size: int) -
     consts = engine.consts()
     params = engine.params
     key, cache = engine.take_cache(bucket, batched=True)
-    dstate = _empty_state(engine, bucket)
+    carry = _empty_slots(engine, bucket)
     waiting = collections.deque(range(len(checked)))
-    slots: list[int | None] = [None] * bucket.batch
+    occupant: list[int | None] = [None] * bucket.batch  # request index per slot
     wall = [0.0] * len(checked)
     prefill = [0.0] * len(checked)
     done: dict[int, DecodeOutput] = {}
     next_out = 0
+    engine.last_live_steps = {}  # request -> batch steps it was live in (tests)
     engine.last_schedule = schedule = []  # ("admit" | "done", slot, request) in order (tests)
-    jax.block_until_ready((cache, dstate, consts, params))
+    jax.block_until_ready((cache, carry, consts, params))
     try:
-        while waiting or any(i is not None for i in slots):
+        while waiting or any(i is not None for i in occupant):
             for b in range(bucket.batch):
-                if slots[b] is None and waiting:
+                if occupant[b] is None and waiting:
                     i = waiting.popleft()
                     ids = np.zeros((bucket.prompt_bucket,), np.int32)
                     ids[: len(checked[i])] = checked[i]
@@ -224,26 +271,28 @@ def generate_stream(engine, prompts: Sequence[Sequence[int]], batch_size: int) -
                     slot, length = jnp.asarray(b, jnp.int32), jnp.asarray(len(checked[i]), jnp.int32)
                     jax.block_until_ready((ids, slot, length))
                     t0 = time.perf_counter()
-                    cache, dstate = admit(params, cache, dstate, slot, ids, length, consts)
-                    jax.block_until_ready((cache, dstate))
+                    cache, carry = admit(params, cache, carry, slot, ids, length, consts)
+                    jax.block_until_ready((cache, carry))
                     prefill[i] = time.perf_counter() - t0
                     wall[i] += prefill[i]
-                    slots[b] = i
+                    occupant[b] = i
                     schedule.append(("admit", b, i))
-            live = [b for b in range(bucket.batch) if slots[b] is not None]
+            live = [b for b in range(bucket.batch) if occupant[b] is not None]
             stop_early = jnp.asarray(bool(waiting))
             t0 = time.perf_counter()
-            cache, dstate = run(params, cache, dstate, consts, stop_early)
-            finished = np.asarray(jax.device_get(dstate.finished))
+            cache, carry = run(params, cache, carry, consts, stop_early)
+            finished = np.asarray(jax.device_get(carry.dstate.finished))
             elapsed = time.perf_counter() - t0
             for b in live:
-                wall[slots[b]] += elapsed / len(live)
+                wall[occupant[b]] += elapsed / len(live)
             for b in live:
                 if finished[b]:
-                    i = slots[b]
-                    host = jax.device_get(jax.tree_util.tree_map(lambda x: x[b], dstate))
+                    i = occupant[b]
+                    host = jax.device_get(jax.tree_util.tree_map(lambda x: x[b], carry))
+                    engine.last_live_steps[i] = int(host.live_steps)
+                    host = host.dstate
                     done[i] = engine._output(host, len(checked[i]), wall[i], prefill[i])
-                    slots[b] = None
+                    occupant[b] = None
                     schedule.append(("done", b, i))
             while next_out in done:
                 yield done.pop(next_out)

@@ -145,6 +145,13 @@ def window_prelude(params, cache, packed, *, cfg, prefix_limit=None, rows_needed
     of it. Rows past the bucket are padding (zeros). ``prefix_limit``: see
     ``model.run_window_stack`` (a batch passes one limit shared by its requests).
     """
+    h, kv = prelude_rows(params, cache, packed, cfg=cfg, prefix_limit=prefix_limit,
+                         rows_needed=rows_needed)
+    return M.store_window(cache, packed.start, prelude=kv), h
+
+
+def prelude_rows(params, cache, packed, *, cfg, prefix_limit=None, rows_needed=None):
+    """:func:`window_prelude` without the store: ``(h [W, H], (k, v) [L_pre, W, n_kv, d_h])``."""
     rows = packed.ids.shape[0]
 
     def branch(n):
@@ -156,18 +163,18 @@ def window_prelude(params, cache, packed, *, cfg, prefix_limit=None, rows_needed
         return run
 
     needed = packed.num_rows if rows_needed is None else rows_needed
-    h, kv = _on_row_bucket(rows, needed, branch, cache)
-    return M.store_window(cache, packed.start, prelude=kv), h
+    return _on_row_bucket(rows, needed, branch, cache)
 
 
 def window_pass(params, cache, h, packed, pst, depth, q, tau, *, cfg, mode, prefix_limit=None,
-                rows_needed=None):
+                rows_needed=None, return_core_kv=False):
     """One recurrent pass: inject, core at ``depth``, readout, heads, decision, carry norm.
 
     The core and coda run on the window's row bucket, reading the cache only, and their K/V are
     stored afterwards (see :func:`window_prelude`). Returns ``(cache, h_next, pst, stop,
     core_input)`` with ``W`` rows; ``core_input`` is the carry after injection, which only a traced
-    run reads back.
+    run reads back. ``return_core_kv`` appends the core K/V the pass stored (``[L_core, W, n_kv,
+    d_h]`` pairs), from which a batch completes the cache depths of a window that stops.
     """
     rows = h.shape[0]
     inject, tok = S.injection_rows(pst)
@@ -193,6 +200,8 @@ def window_pass(params, cache, h, packed, pst, depth, q, tau, *, cfg, mode, pref
     pst, stop = S.decide_pass(pst, pred, entropy, hazard, depth, q=q, tau=tau, mode=mode,
                               max_depth=cfg.max_depth)
     h = M.carry_norm(params, cfg, h)
+    if return_core_kv:
+        return cache, h, pst, stop, core_input, core_kv
     return cache, h, pst, stop, core_input
 
 
@@ -208,7 +217,7 @@ def token_heads(params, r, packed, heads: int):
     observed = jnp.sum((packed.valid & ~packed.is_mask).astype(jnp.int32))
     lo = jnp.minimum(observed, rows - heads)
     logits = M.lm_logits(params, jax.lax.dynamic_slice_in_dim(r, lo, heads, axis=0))
-    pred = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    pred = S.greedy_tokens(logits)
     entropy = S.entropy_from_logits(logits)
     return (jax.lax.dynamic_update_slice(jnp.zeros((rows,), jnp.int32), pred, (lo,)),
             jax.lax.dynamic_update_slice(jnp.zeros((rows,), jnp.float32), entropy, (lo,)))

@@ -356,6 +356,19 @@ def injection_rows(pst: PassState) -> tuple[jax.Array, jax.Array]:
     return pst.newly, pst.tok
 
 
+def greedy_tokens(logits: jax.Array) -> jax.Array:
+    """``argmax`` over the last axis (the first maximal index), int32.
+
+    Written as a max and a min over the indices holding it: XLA:CPU runs ``jnp.argmax`` (one
+    variadic reduce) about 6x slower (measured on [16, 32768] fp32: 2.4 ms against 0.4 ms). Finite
+    logits give exactly argmax's answer; a row holding a NaN gives the last index.
+    """
+    top = jnp.max(logits, axis=-1, keepdims=True)
+    index = jax.lax.broadcasted_iota(I32, logits.shape, logits.ndim - 1)
+    first = jnp.min(jnp.where(logits == top, index, logits.shape[-1]), axis=-1)
+    return jnp.minimum(first, logits.shape[-1] - 1)
+
+
 def entropy_from_logits(logits: jax.Array) -> jax.Array:
     """Entropy in nats of ``softmax(logits)`` over the last axis, fp32 (§2.6).
 

@@ -174,3 +174,16 @@ def test_decisions_vmap_and_jit():
     new, stop = fn(batch, entropy, hazard, pred)
     assert new.committed[:, :3].tolist() == [[True, False, False], [False, False, False]]
     assert stop.tolist() == [False, False]
+
+
+def test_greedy_tokens_is_argmax_with_ties_and_infinities():
+    rng = np.random.default_rng(0)
+    logits = rng.integers(-3, 4, size=(64, 40)).astype(np.float32)  # many ties: the first index wins
+    logits[5] = -np.inf
+    logits[6, 7] = np.inf
+    logits[7, 3] = logits[7, 30] = np.inf
+    got = np.asarray(S.greedy_tokens(jnp.asarray(logits)))
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, np.argmax(logits, axis=-1))
+    batched = logits.reshape(4, 16, 40)
+    np.testing.assert_array_equal(np.asarray(S.greedy_tokens(jnp.asarray(batched))), np.argmax(batched, -1))

@@ -53,6 +53,10 @@ def test_batch_equals_single_requests(checkpoints):
         assert _exact(together) == _exact(alone)
         np.testing.assert_allclose(together.first_pass_halt_probabilities,
                                    alone.first_pass_halt_probabilities, rtol=0, atol=1e-6)
+    # Windows are not synchronized across requests: each step runs one pass of every live request,
+    # so a request is live for exactly its own passes (no step waits for a slower window).
+    assert engine.last_live_steps == {i: s.recurrent_passes for i, s in enumerate(singles)}
+    assert len({s.recurrent_passes / s.outer_steps for s in singles}) > 1  # windows differ in depth
     # Timing: every execution is charged to the requests in it, so the sum is the measured time.
     assert "continuous batching" in BATCH_TIMING
     total = sum(o.wall_seconds for o in batched)
