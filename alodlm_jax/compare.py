@@ -716,7 +716,7 @@ class _OfficialDecoder:
 
 
 def run_model_comparison(model: str, prompts: Sequence[PromptSpec], *, precision: str, decode_config: Any,
-                         tolerances: Tolerances, engine: str = "portable", device: str = "cpu",
+                         tolerances: Tolerances, engine: str = "compiled", device: str = "cpu",
                          torch_side: str = "auto", decode: bool = True,
                          jax_params_hook: Callable[[dict], dict] | None = None) -> dict:
     """Runs the checkpoint in JAX and PyTorch and returns the model-level report.

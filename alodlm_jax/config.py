@@ -12,6 +12,7 @@ from typing import Any
 
 MODES = ("entropy", "left1")
 ENGINES = ("portable", "compiled")
+DEFAULT_ENGINE = "compiled"  # the whole generation is one XLA program per shape bucket
 ENGINE_NAMES = {"portable": "jax-xla-portable", "compiled": "jax-xla-compiled"}
 
 

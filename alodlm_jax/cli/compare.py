@@ -29,6 +29,7 @@ from absl import flags
 
 from alodlm_jax import compare
 from alodlm_jax.cli import flags as cli_flags
+from alodlm_jax.config import DEFAULT_ENGINE, ENGINES
 
 _PROG = "alodlm-jax-compare"
 _PRECISIONS = ("fp32", "bf16")
@@ -44,7 +45,7 @@ def _define_flags() -> flags.FlagValues:
     flags.DEFINE_string("prompts", None, "Prompts: JSONL ('prompt' [+ 'raw'] or 'prompt_ids') or "
                         "plain text, one prompt per line.", **d)
     flags.DEFINE_enum("precision", "fp32", _PRECISIONS, "Model dtype on both sides.", **d)
-    flags.DEFINE_enum("engine", "portable", ("portable", "compiled"), "JAX decoder engine.", **d)
+    flags.DEFINE_enum("engine", DEFAULT_ENGINE, list(ENGINES), "JAX decoder engine.", **d)
     flags.DEFINE_string("device", "cpu", "JAX device for the decode (the torch side runs on CPU).", **d)
     flags.DEFINE_enum("torch_side", "auto", ("auto", "official", "reference"),
                       "PyTorch side: the official alodlm package if importable (auto), or forced.", **d)

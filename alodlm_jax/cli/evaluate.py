@@ -19,10 +19,9 @@ from absl import flags
 
 from alodlm_jax.cli.flags import (decode_config_from_flags, define_decode_flags, define_model_flags,
                                   run_command)
-from alodlm_jax.config import ENGINE_NAMES, ENGINES, DecodeConfig
+from alodlm_jax.config import DEFAULT_ENGINE, ENGINE_NAMES, ENGINES, DecodeConfig
 
 PROG = "alodlm-jax-evaluate"
-DEFAULT_ENGINE = "compiled"
 FLAGS = flags.FlagValues()
 _PROTOCOL_FIELDS_FROM_GENERATOR = ("decoder", "precision", "device", "gpu", "device_kind",
                                    "compile_seconds")

@@ -16,7 +16,7 @@ from absl import flags
 
 from alodlm_jax.cli.flags import (decode_config_from_flags, define_decode_flags, define_model_flags,
                                   run_command)
-from alodlm_jax.config import ENGINES
+from alodlm_jax.config import DEFAULT_ENGINE, ENGINES
 
 PROG = "alodlm-jax-generate"
 FLAGS = flags.FlagValues()
@@ -29,7 +29,7 @@ flags.DEFINE_boolean("thinking", False, "Enable the thinking section of the chat
                      flag_values=FLAGS)
 flags.DEFINE_string("prompt_ids", None, "Raw prompt token ids, comma-separated (no template).",
                     flag_values=FLAGS)
-flags.DEFINE_enum("engine", "compiled", list(ENGINES), "Decoder engine: compiled (the default: "
+flags.DEFINE_enum("engine", DEFAULT_ENGINE, list(ENGINES), "Decoder engine: compiled (the default: "
                   "the whole generation is one XLA program per shape bucket) or portable (jitted "
                   "passes, Python host loop); their outputs are identical.", flag_values=FLAGS)
 define_decode_flags(FLAGS)

@@ -2,7 +2,7 @@
 
     alodlm-jax-sweep --model DIR --input tasks.jsonl --output SWEEP_DIR \\
         --q 0.3,0.5,0.7 --tau 0.2,0.4 --mode entropy,left1 [--window-size 16 --max-new-tokens 4096
-        --position-penalty P --precision fp32|bf16 --device cpu|cuda --engine portable|compiled]
+        --position-penalty P --precision fp32|bf16 --device cpu|cuda --engine compiled|portable]
 
 Each point is written to SWEEP_DIR/q<q>_tau<tau>_<mode>/ exactly as alodlm-jax-evaluate would write
 it (predictions.jsonl, summary.json), plus that point's report.html. SWEEP_DIR/sweep.json lists
@@ -23,7 +23,7 @@ from typing import Sequence, TextIO
 from absl import flags
 
 from alodlm_jax.cli.flags import define_model_flags, run_command
-from alodlm_jax.config import ENGINES, DecodeConfig
+from alodlm_jax.config import DEFAULT_ENGINE, ENGINES, DecodeConfig
 
 PROG = "alodlm-jax-sweep"
 FLAGS = flags.FlagValues()
@@ -46,8 +46,9 @@ flags.DEFINE_integer("max_new_tokens", 4096, "Generation budget per task (>= 1),
                      flag_values=FLAGS)
 flags.DEFINE_float("position_penalty", None, "Entropy penalty per window position, finite and "
                    ">= 0, all points. Default: 0.05 * tau of each point.", flag_values=FLAGS)
-flags.DEFINE_enum("engine", "portable", list(ENGINES), "Decoder engine (recorded as "
-                  "protocol.decoder).", flag_values=FLAGS)
+flags.DEFINE_enum("engine", DEFAULT_ENGINE, list(ENGINES), "Decoder engine (recorded as "
+                  "protocol.decoder): compiled (the default) or portable; their outputs are identical.",
+                  flag_values=FLAGS)
 flags.DEFINE_integer("workers", os.cpu_count() or 1, "Fresh-interpreter workers scoring code "
                      "tasks (one pool for the whole sweep).", flag_values=FLAGS)
 flags.DEFINE_string("compilation_cache_dir", None, "Persistent JAX compilation cache directory.",
