@@ -52,6 +52,7 @@ Numerics follow transformers' Qwen3 and the portable decoder:
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -146,19 +147,59 @@ def _attend(q: jax.Array, k_buf: jax.Array, v_buf: jax.Array, start: jax.Array) 
     both products are batched matrix products with the KV head as the leading batch axis; XLA:CPU
     runs that about twice as fast as the ``[n_kv, group, T, S]`` form.
     """
-    t, n_q, d_h = q.shape
-    n_kv = k_buf.shape[1]
-    group = n_q // n_kv
-    qg = q.reshape(t, n_kv, group, d_h).transpose(1, 2, 0, 3).reshape(n_kv, group * t, d_h)
-    scores = jnp.einsum("kqd,skd->kqs", qg, k_buf, precision=_HIGHEST, preferred_element_type=jnp.float32)
-    scores = scores * jnp.float32(d_h ** -0.5)
+    qg, rows = _group_queries(q, k_buf.shape[1])
+    scores = _scores(qg, k_buf)
     slots = jnp.arange(k_buf.shape[0], dtype=jnp.int32)
-    rows = start + jnp.tile(jnp.arange(t, dtype=jnp.int32), group)  # stacked row g*T + a is row a
-    visible = slots[None, :] <= rows[:, None]  # [group*T, S]
+    visible = slots[None, :] <= start + rows[:, None]  # [group*T, S]
     scores = jnp.where(visible[None], scores, _NEG_INF)
     probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)  # masked slots: exp underflows to 0
-    out = jnp.einsum("kqs,skd->kqd", probs, v_buf, precision=_HIGHEST, preferred_element_type=jnp.float32)
-    return out.astype(q.dtype).reshape(n_kv, group, t, d_h).transpose(2, 0, 1, 3).reshape(t, n_q, d_h)
+    return _ungroup(_values(probs, v_buf), q)
+
+
+def _group_queries(q: jax.Array, n_kv: int) -> tuple[jax.Array, jax.Array]:
+    """q ``[T, n_q, d_h]`` -> ``([n_kv, group*T, d_h], row [group*T])``: stacked row ``g*T + a``
+    is query row ``a`` of the ``g``-th query head of a KV head."""
+    t, n_q, d_h = q.shape
+    group = n_q // n_kv
+    qg = q.reshape(t, n_kv, group, d_h).transpose(1, 2, 0, 3).reshape(n_kv, group * t, d_h)
+    return qg, jnp.tile(jnp.arange(t, dtype=jnp.int32), group)
+
+
+def _ungroup(out: jax.Array, q: jax.Array) -> jax.Array:
+    """fp32 ``[n_kv, group*T, d_h]`` attention output -> ``[T, n_q, d_h]`` in q's dtype."""
+    t, n_q, d_h = q.shape
+    n_kv = out.shape[0]
+    return out.astype(q.dtype).reshape(n_kv, n_q // n_kv, t, d_h).transpose(2, 0, 1, 3).reshape(t, n_q, d_h)
+
+
+def _scores(qg: jax.Array, k: jax.Array) -> jax.Array:
+    """Scaled fp32 scores ``[n_kv, group*T, S]`` of grouped queries against keys ``[S, n_kv, d_h]``."""
+    scores = jnp.einsum("kqd,skd->kqs", qg, k, precision=_HIGHEST, preferred_element_type=jnp.float32)
+    return scores * jnp.float32(qg.shape[-1] ** -0.5)
+
+
+def _values(probs: jax.Array, v: jax.Array) -> jax.Array:
+    """fp32 ``probs [n_kv, group*T, S] x v [S, n_kv, d_h]`` -> ``[n_kv, group*T, d_h]``."""
+    return jnp.einsum("kqs,skd->kqd", probs, v, precision=_HIGHEST, preferred_element_type=jnp.float32)
+
+
+def _first_slots(buf: jax.Array, index: tuple, size: int) -> jax.Array:
+    """``buf[index][:size]`` (``index``: int32 leading indices) -> ``[size, n_kv, d_h]``."""
+    zero = jnp.int32(0)
+    tail = buf.shape[len(index) + 1:]
+    shape = (size,) + tail
+    return jax.lax.dynamic_slice(buf, index + (zero,) * (1 + len(tail)),
+                                 (1,) * len(index) + shape).reshape(shape)
+
+
+def _on_kv_bucket(slots: int, kv_bucket, attend, *operands):
+    """``attend(size, *operands)`` over the first ``size`` slots of a ``slots``-slot buffer: the
+    ``kv_buckets(slots)[kv_bucket]`` length (one ``lax.switch``), or all of them without
+    ``kv_bucket``."""
+    sizes = kv_buckets(slots)
+    if kv_bucket is None or len(sizes) == 1:
+        return attend(slots, *operands)
+    return jax.lax.switch(kv_bucket, [functools.partial(attend, size) for size in sizes], *operands)
 
 
 def kv_buckets(slots: int, smallest: int = 64) -> tuple[int, ...]:
@@ -220,24 +261,15 @@ def _layer(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax.Array,
     offset = jnp.stack(index + (start, zero, zero))
     k_all = write_slots(k_all, k.astype(k_all.dtype).reshape(lead + k.shape), offset)
     v_all = write_slots(v_all, v.astype(v_all.dtype).reshape(lead + v.shape), offset)
-    tail = k_all.shape[len(index) + 1:]
     slots = k_all.shape[len(index)]
     if kv_len is not None:
         slots = min(kv_len, slots)
 
-    def attend_first(size):
-        def run(q, k_all, v_all):
-            shape = (size,) + tail
-            k_buf = jax.lax.dynamic_slice(k_all, index + (zero, zero, zero), lead + shape).reshape(shape)
-            v_buf = jax.lax.dynamic_slice(v_all, index + (zero, zero, zero), lead + shape).reshape(shape)
-            return _attend(q, k_buf.astype(q.dtype), v_buf.astype(q.dtype), start)
-        return run
+    def attend_first(size, q, k_all, v_all):
+        k_buf = _first_slots(k_all, index, size).astype(q.dtype)
+        return _attend(q, k_buf, _first_slots(v_all, index, size).astype(q.dtype), start)
 
-    sizes = kv_buckets(slots)
-    if kv_bucket is None or len(sizes) == 1:
-        attn = attend_first(slots)(q, k_all, v_all)
-    else:
-        attn = jax.lax.switch(kv_bucket, [attend_first(size) for size in sizes], q, k_all, v_all)
+    attn = _on_kv_bucket(slots, kv_bucket, attend_first, q, k_all, v_all)
     return _attention_out_and_mlp(lp, eps, h, attn), k_all, v_all
 
 
@@ -353,28 +385,14 @@ def _attend_window(q: jax.Array, k_pre: jax.Array, v_pre: jax.Array, start: jax.
     slots ``start..start+T`` (the same visible set, one softmax over it), with the prefix and the
     window as two blocks of each score row.
     """
-    t, n_q, d_h = q.shape
-    n_kv = k_pre.shape[1]
-    group = n_q // n_kv
-    qg = q.reshape(t, n_kv, group, d_h).transpose(1, 2, 0, 3).reshape(n_kv, group * t, d_h)
-    scale = jnp.float32(d_h ** -0.5)
-
-    def scores(k):
-        return jnp.einsum("kqd,skd->kqs", qg, k, precision=_HIGHEST, preferred_element_type=jnp.float32) * scale
-
-    rows = jnp.tile(jnp.arange(t, dtype=jnp.int32), group)  # stacked row g*T + a is row a
+    qg, rows = _group_queries(q, k_pre.shape[1])
     prefix_visible = jnp.arange(k_pre.shape[0], dtype=jnp.int32) < start
-    window_visible = jnp.arange(t, dtype=jnp.int32)[None, :] <= rows[:, None]
-    s_pre = jnp.where(prefix_visible[None, None, :], scores(k_pre), _NEG_INF)
-    s_win = jnp.where(window_visible[None], scores(k_win), _NEG_INF)
+    window_visible = jnp.arange(q.shape[0], dtype=jnp.int32)[None, :] <= rows[:, None]
+    s_pre = jnp.where(prefix_visible[None, None, :], _scores(qg, k_pre), _NEG_INF)
+    s_win = jnp.where(window_visible[None], _scores(qg, k_win), _NEG_INF)
     probs = jax.nn.softmax(jnp.concatenate([s_pre, s_win], axis=-1), axis=-1).astype(q.dtype)
     split = k_pre.shape[0]
-
-    def values(p, v):
-        return jnp.einsum("kqs,skd->kqd", p, v, precision=_HIGHEST, preferred_element_type=jnp.float32)
-
-    out = values(probs[..., :split], v_pre) + values(probs[..., split:], v_win)
-    return out.astype(q.dtype).reshape(n_kv, group, t, d_h).transpose(2, 0, 1, 3).reshape(t, n_q, d_h)
+    return _ungroup(_values(probs[..., :split], v_pre) + _values(probs[..., split:], v_win), q)
 
 
 def _window_layer(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax.Array,
@@ -389,25 +407,14 @@ def _window_layer(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax
     q, k, v = _qkv(lp, eps, h, cos, sin)
     k = k.astype(k_all.dtype)
     v = v.astype(v_all.dtype)
-    zero = jnp.int32(0)
-    lead = (1,) * len(index)
     index = tuple(jnp.asarray(i, jnp.int32) for i in index)
-    tail = k_all.shape[len(index) + 1:]
 
-    def attend_first(size):
-        def run(q, k, v, k_all, v_all):
-            shape = (size,) + tail
-            k_pre = jax.lax.dynamic_slice(k_all, index + (zero, zero, zero), lead + shape).reshape(shape)
-            v_pre = jax.lax.dynamic_slice(v_all, index + (zero, zero, zero), lead + shape).reshape(shape)
-            return _attend_window(q, k_pre.astype(q.dtype), v_pre.astype(q.dtype), start,
-                                  k.astype(q.dtype), v.astype(q.dtype))
-        return run
+    def attend_first(size, q, k, v, k_all, v_all):
+        k_pre = _first_slots(k_all, index, size).astype(q.dtype)
+        v_pre = _first_slots(v_all, index, size).astype(q.dtype)
+        return _attend_window(q, k_pre, v_pre, start, k.astype(q.dtype), v.astype(q.dtype))
 
-    sizes = kv_buckets(k_all.shape[len(index)])
-    if kv_bucket is None or len(sizes) == 1:
-        attn = attend_first(sizes[-1])(q, k, v, k_all, v_all)
-    else:
-        attn = jax.lax.switch(kv_bucket, [attend_first(size) for size in sizes], q, k, v, k_all, v_all)
+    attn = _on_kv_bucket(k_all.shape[len(index)], kv_bucket, attend_first, q, k, v, k_all, v_all)
     return _attention_out_and_mlp(lp, eps, h, attn), k, v
 
 
