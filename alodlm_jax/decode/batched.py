@@ -133,10 +133,11 @@ def _run_program(params, cache, slots, consts, stop_early, *, cfg, window_size, 
 
         # One pass for every live request, each at its own depth; idle rows write to the scratch slots.
         here = packed.replace(start=jnp.where(live, real_start, scratch))
-        one_pass = vm(functools.partial(C.window_pass_for_batch, cfg=cfg, mode=mode,
-                                        prefix_limit=prefix_limit, rows_needed=rows_needed),
-                      (None, 0, 0, 0, 0, 0, None))
-        cache, h, pst, stop, core_kv = one_pass(params, cache, h, here, pst, depth, consts)
+        one_pass = vm(functools.partial(P.window_pass, cfg=cfg, mode=mode, prefix_limit=prefix_limit,
+                                        rows_needed=rows_needed, return_core_kv=True),
+                      (None, 0, 0, 0, 0, 0, None, None))
+        cache, h, pst, stop, _, core_kv = one_pass(params, cache, h, here, pst, depth, consts["q"],
+                                                   consts["tau"])
         stop = stop & live
 
         # Windows that stopped close: their core depths >= executed take this (last) pass's core

@@ -144,15 +144,6 @@ def window_pass(params, cache, h, packed, pst, depth, consts, *, cfg, mode, pref
     return cache, h, pst, stop
 
 
-def window_pass_for_batch(params, cache, h, packed, pst, depth, consts, *, cfg, mode, prefix_limit,
-                          rows_needed):
-    """:func:`window_pass` that also returns the core K/V it stored (see :mod:`.batched`)."""
-    cache, h, pst, stop, _, core_kv = P.window_pass(
-        params, cache, h, packed, pst, depth, consts["q"], consts["tau"], cfg=cfg, mode=mode,
-        prefix_limit=prefix_limit, rows_needed=rows_needed, return_core_kv=True)
-    return cache, h, pst, stop, core_kv
-
-
 def close_window(cache, dstate, packed, pst, executed, consts, *, cfg, window_size):
     """§5 completion, §6.5 steps 5-8, then the next window's finish test and top-up."""
     cache = M.complete_depths(cache, packed.start, packed.ids.shape[0], executed)
