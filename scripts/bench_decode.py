@@ -392,6 +392,10 @@ def main(argv=None) -> int:
         args.max_new_tokens = 32
     if args.batch_prompts is None:
         args.batch_prompts = 2 * args.batch
+    if args.batch_prompts < 1 or args.batch < 1 or args.repeats < 1:
+        print("bench_decode.py: error: --batch, --batch_prompts and --repeats must be at least 1",
+              file=sys.stderr)
+        return 2
     if args.scaling is None:
         args.scaling = "32,64,128" if args.quick else "64,128,256"
     args.modes = [m for m in args.modes.split(",") if m]
