@@ -255,6 +255,7 @@ def merge_shards(directory: str | os.PathLike, tasks: Sequence[Mapping[str, Any]
     failures_by_index: dict[int, dict] = {}
     index_of = {task_key(task): i for i, task in enumerate(tasks)}
     compile_seconds: list[float] = []
+    code_scoring: dict[str, Any] = {}
     for pid in range(num_processes):
         paths = shard_paths(directory, pid, num_processes)
         indices = split_tasks(len(tasks), num_processes, pid, split)
@@ -273,7 +274,12 @@ def merge_shards(directory: str | os.PathLike, tasks: Sequence[Mapping[str, Any]
             lines[index] = line
         with open(paths["summary"], encoding="utf-8") as handle:
             shard_summary = json.load(handle)
-        seconds = (shard_summary.get("protocol") or {}).get("compile_seconds")
+        shard_protocol = shard_summary.get("protocol") or {}
+        seconds = shard_protocol.get("compile_seconds")
+        if "code_verdicts" in shard_protocol and (
+                not code_scoring or (code_scoring["sandbox"] or {}).get("mechanisms") is None):
+            code_scoring = {"verdicts": shard_protocol["code_verdicts"],
+                            "sandbox": shard_protocol.get("code_sandbox")}
         if isinstance(seconds, (int, float)):
             compile_seconds.append(float(seconds))
         if os.path.exists(paths["failures"]):
@@ -297,6 +303,9 @@ def merge_shards(directory: str | os.PathLike, tasks: Sequence[Mapping[str, Any]
     protocol = make_protocol(failures)
     if compile_seconds and "compile_seconds" in protocol:
         protocol["compile_seconds"] = outputs.python312_sum(compile_seconds)
+    if code_scoring:  # the shards' code-scoring settings (a shard that scored code describes it)
+        protocol = outputs.with_code_scoring(protocol, verdicts=code_scoring["verdicts"],
+                                             sandbox=code_scoring["sandbox"] or {})
     summary["protocol"] = protocol
     outputs.write_summary(os.path.join(directory, evaluation.SUMMARY_FILE), summary)
     return summary

@@ -379,6 +379,8 @@ def evaluate(
     pool: ScoringPool | None = None,
     pool_metrics: Collection[str] = CODE_METRICS,
     overlap: bool = True,
+    code_sandbox: str = "on",
+    code_verdicts: str = "reference",
 ) -> dict:
     """Score every task, write ``predictions.jsonl`` and ``summary.json``; return the summary.
 
@@ -391,6 +393,9 @@ def evaluate(
     own main thread, where math-verify's ``SIGALRM`` timeouts work, so verdicts are unchanged).
     With ``overlap=False`` every queued task is finished before the next result is requested, so
     scoring never runs while the generator is being timed (generate mode's default).
+    ``code_sandbox`` (``on``/``off``) and ``code_verdicts`` (``reference``/``strict``) configure
+    the pool the call starts (a given ``pool`` keeps its own); both are recorded in the
+    protocol (``code_verdicts``, ``code_sandbox``).
     """
     if score is None:
         from .metrics import score as default_score
@@ -404,21 +409,29 @@ def evaluate(
         progress(start, len(tasks))
     if start < len(tasks):
         owned_pool = pool is None
-        active_pool = ScoringPool(workers) if owned_pool else pool
+        active_pool = (ScoringPool(workers, sandbox=code_sandbox, rules=code_verdicts)
+                       if owned_pool else pool)
         try:
             with outputs.RowWriter(state.predictions_path, append=state.file_exists) as writer:
                 _score_and_write(
                     tasks, start, rows_source(start), score, active_pool, writer, state,
                     aggregated, failures, progress, frozenset(pool_metrics), overlap,
                 )
+            code_verdicts, sandbox = active_pool.rules, active_pool.code_sandbox
         except BaseException:
             if owned_pool:
                 active_pool.close(kill=True)
             raise
         if owned_pool:
             active_pool.close()
+    elif pool is not None:
+        code_verdicts, sandbox = pool.rules, pool.code_sandbox
+    else:  # nothing left to score (a finished run resumed): describe the sandbox all the same
+        with ScoringPool(1, sandbox=code_sandbox, rules=code_verdicts) as described:
+            sandbox = described.code_sandbox
     summary = outputs.aggregate(aggregated)
-    summary["protocol"] = make_protocol(failures)
+    summary["protocol"] = outputs.with_code_scoring(make_protocol(failures),
+                                                    verdicts=code_verdicts, sandbox=sandbox)
     outputs.write_summary(state.summary_path, summary)
     return summary
 
@@ -491,6 +504,8 @@ def rescore(
     tasks: Sequence[Mapping[str, Any]] | None = None,
     state: OutputState | None = None,
     math_in_pool: bool = True,
+    code_sandbox: str = "on",
+    code_verdicts: str = "reference",
 ) -> dict:
     """The whole rescore-mode flow (§6.2 without the decoding-flag check, §6.3) as one call.
 
@@ -512,6 +527,8 @@ def rescore(
         progress=progress,
         check_existing_row=rescore_row_checker(predictions) if state.resume else None,
         pool_metrics=rescore_pool_metrics(workers, math_in_pool),
+        code_sandbox=code_sandbox,
+        code_verdicts=code_verdicts,
     )
 
 

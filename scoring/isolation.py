@@ -1,24 +1,37 @@
-"""A pool of fresh-interpreter workers that score code tasks (SCORING.md §5.5, D3, D6).
+"""A pool of fresh-interpreter workers that score code tasks (SCORING.md §5.5, D3, D6, D10).
 
 Each worker is ``python -m alodlm_scoring.worker`` started with ``subprocess.Popen`` of
 ``sys.executable`` — a new interpreter, never a fork of the evaluator, which may have JAX loaded.
 Workers are long-lived (one import of the scorers per worker instead of one per task) and lead their
 own session, so a worker and everything it started can be killed as one process group.
 
-Verdicts equal sequential scoring: every task is scored by the same ``score`` function, each
-program still runs in its own child (``python -I check.py`` or evalplus's checker), and only the
-scheduling differs. Results are returned as futures; the caller writes rows in task order.
+With ``sandbox="on"`` (the default) each worker runs every program in the code sandbox
+(:mod:`alodlm_scoring.sandbox`) and starts with a short environment allowlist
+(:func:`alodlm_scoring.sandbox.mechanisms.worker_environment`): tokens and keys of the evaluator's
+environment never reach a worker or a program. ``rules`` selects the verdict rules
+(``reference`` or ``strict``, :mod:`alodlm_scoring.strict`). :attr:`ScoringPool.code_sandbox`
+describes the mechanisms in force (``protocol.code_sandbox``); missing ones are named in one
+warning.
 
-Failure handling, per SCORING.md:
+Verdicts equal sequential scoring: every task is scored by the same ``score`` function, each
+program still runs in its own child, and only the scheduling differs. Results are returned as
+futures; the caller writes rows in task order.
+
+The verdict channel (a worker's stdout) is checked, not trusted: every request carries a fresh
+nonce that its reply must echo, a reply must be one well-formed JSON line, and nothing may arrive
+outside a request. Failure handling, per SCORING.md:
 
 * a worker exceeding the parent-side timeout (evalplus ``30 + 70 * suites`` s, python_tests
   ``30 + timeout_seconds`` s) is killed with its process group, the task scores ``correct: false,
   extracted: null`` with reason ``"code_scoring_timeout"``, a warning goes to stderr, and a new
   worker replaces it (D3);
-* a worker that dies while scoring (a program killed its parent, say) is handled the same way
-  with reason ``"code_scoring_worker_died"`` (a project extension: the reference aborts the run);
-* an exception inside the worker (the validation errors of §2.3) is fatal: ``RuntimeError``
-  "Isolated code scoring failed: " + the worker's traceback;
+* a worker that dies while scoring is handled the same way with reason
+  ``"code_scoring_worker_died"``; a reply that is not the worker's (garbage, a wrong nonce, a
+  second reply, data between requests) with reason ``"code_scoring_protocol_error"``; a program
+  the sandbox could not run with ``"code_sandbox_failure"`` (the worker stays);
+* an exception inside the worker (a failed grader self-check, a validation error of a task that
+  reached scoring unvalidated) is fatal: ``RuntimeError`` "Isolated code scoring failed: " + the
+  worker's traceback;
 * ``EVALPLUS_TIMEOUT_PER_TASK`` is removed from the workers' environment with one warning (D3).
 
 The pool can also score math (rescore mode, for throughput): a worker scores on its own main
@@ -34,6 +47,7 @@ import json
 import math
 import os
 import queue
+import secrets
 import select
 import shutil
 import signal
@@ -42,8 +56,9 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Callable, Mapping, TextIO
+from typing import Any, Callable, Mapping, Sequence, TextIO
 
+from .sandboxed import SANDBOX_FAILURE_REASON
 from .tasks import CODE_METRICS
 
 __all__ = [
@@ -55,10 +70,18 @@ __all__ = [
     "worker_environment",
     "TIMEOUT_REASON",
     "DIED_REASON",
+    "PROTOCOL_REASON",
+    "SANDBOX_MODES",
+    "RULE_SETS",
 ]
 
 TIMEOUT_REASON = "code_scoring_timeout"
 DIED_REASON = "code_scoring_worker_died"
+PROTOCOL_REASON = "code_scoring_protocol_error"
+SANDBOX_MODES = ("on", "off")
+RULE_SETS = ("reference", "strict")
+# A reply line longer than this is not a verdict (extracted strings are bounded by the text).
+_MAX_REPLY_BYTES = 64 * 1024**2
 NON_CODE_TIMEOUT_REASON = "scoring_timeout"
 # Non-code tasks sent to the pool (math, when rescoring in parallel): math-verify bounds each
 # parse and comparison with 5 s alarms, so a minute means the worker is stuck.
@@ -148,10 +171,14 @@ class _Died(Exception):
     pass
 
 
+class _Protocol(Exception):
+    """The worker's channel carried something that is not the worker's reply."""
+
+
 class _Worker:
     """One worker process plus its scratch directory (its TMPDIR and working directory)."""
 
-    def __init__(self, scratch_root: str, env: Mapping[str, str]) -> None:
+    def __init__(self, scratch_root: str, env: Mapping[str, str], arguments: Sequence[str]) -> None:
         self.directory = tempfile.mkdtemp(prefix="worker-", dir=scratch_root)
         self._stderr_path = os.path.join(self.directory, "worker.stderr")
         env = dict(env)
@@ -159,7 +186,7 @@ class _Worker:
         env["ALODLM_WORKER_SCRATCH"] = self.directory
         with open(self._stderr_path, "wb") as stderr:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", WORKER_MODULE],
+                [sys.executable, "-m", WORKER_MODULE, *arguments],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
@@ -170,12 +197,15 @@ class _Worker:
         self._buffer = b""
         self._ready = False
         self._startup_error: WorkerError | None = None
+        self.sandbox: dict | None = None  # the worker's greeting's description
 
     # -- protocol ------------------------------------------------------------------------------
 
     def _read_line(self, deadline: float) -> bytes:
         fd = self.process.stdout.fileno()
         while b"\n" not in self._buffer:
+            if len(self._buffer) > _MAX_REPLY_BYTES:
+                raise _Protocol("a reply longer than the limit")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise _Timeout()
@@ -196,28 +226,53 @@ class _Worker:
             raise self._startup_error
         try:
             line = self._read_line(time.monotonic() + _READY_TIMEOUT_SECONDS)
+            greeting = json.loads(line)
+            if type(greeting) is not dict or greeting.get("ready") is not True:
+                raise ValueError
         except (_Timeout, _Died):
             self._startup_error = WorkerError(
                 "the scoring worker did not start: " + self.stderr_text().strip())
+        except (_Protocol, ValueError):
+            self._startup_error = WorkerError(
+                f"unexpected scoring worker greeting {self._buffer[:200]!r}")
         else:
-            if line.strip() != b'{"ready": true}':
-                self._startup_error = WorkerError(
-                    f"unexpected scoring worker greeting {line[:200]!r}")
+            self.sandbox = greeting.get("sandbox")
         if self._startup_error is not None:
             self.kill()
             raise self._startup_error
         self._ready = True
 
-    def request(self, payload: bytes, timeout: float) -> Any:
-        """Send one request line and return the decoded reply; raises _Timeout or _Died."""
+    def _stray_data(self) -> bool:
+        """Whether anything arrived that no request asked for (written by a program that
+        reached the channel): the worker can no longer be trusted."""
+        if self._buffer:
+            return True
+        readable, _, _ = select.select([self.process.stdout.fileno()], [], [], 0)
+        return bool(readable)
+
+    def request(self, record: Mapping[str, Any], generation: str, timeout: float) -> dict:
+        """Send one request and return its reply object; raises _Timeout, _Died or _Protocol."""
         deadline = time.monotonic() + timeout
         self._await_ready()
+        if self._stray_data():
+            raise _Protocol("data arrived between requests")
+        nonce = secrets.token_hex(16)
+        payload = json.dumps({"nonce": nonce, "record": record, "generation": generation})
         try:
-            self.process.stdin.write(payload)
+            self.process.stdin.write(payload.encode("utf-8") + b"\n")
             self.process.stdin.flush()
         except (BrokenPipeError, OSError):
             raise _Died() from None
-        return json.loads(self._read_line(deadline))
+        line = self._read_line(deadline)
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            raise _Protocol(f"a reply that is not JSON ({line[:60]!r})") from None
+        if type(reply) is not dict or reply.get("nonce") != nonce:
+            raise _Protocol("a reply without this request's nonce")
+        if self._buffer:
+            raise _Protocol("a second reply")
+        return reply
 
     def stderr_text(self) -> str:
         try:
@@ -279,13 +334,16 @@ class ScoringPool:
     """Scores tasks in ``workers`` fresh-interpreter workers; ``submit`` returns a future.
 
     Workers start lazily, on the first submission. Use as a context manager (or call ``close``) so
-    that no worker outlives the evaluation.
+    that no worker outlives the evaluation. ``sandbox`` (``on``/``off``) and ``rules``
+    (``reference``/``strict``) configure how the workers run and judge programs.
     """
 
     def __init__(
         self,
         workers: int | None = None,
         *,
+        sandbox: str = "on",
+        rules: str = "reference",
         environ: Mapping[str, str] | None = None,
         stderr: TextIO | None = None,
         timeout_for: Callable[[Mapping[str, Any]], float] | None = None,
@@ -293,9 +351,23 @@ class ScoringPool:
         size = (os.cpu_count() or 1) if workers is None else int(workers)
         if size < 1:
             raise ValueError("The number of scoring workers must be at least 1")
+        if sandbox not in SANDBOX_MODES:
+            raise ValueError(f"--code_sandbox must be on or off, got {sandbox!r}")
+        if rules not in RULE_SETS:
+            raise ValueError(f"--code_verdicts must be reference or strict, got {rules!r}")
+        if rules == "strict" and sandbox == "off":
+            raise ValueError("--code_verdicts=strict needs the code sandbox (--code_sandbox=on)")
         self.size = size
+        self.sandbox_mode = sandbox
+        self.rules = rules
         self._stderr = stderr
-        self._env = worker_environment(environ, stderr)
+        env = worker_environment(environ, stderr)
+        if sandbox == "on":
+            from .sandbox.mechanisms import worker_allowlist
+
+            env = worker_allowlist(env)
+        self._env = env
+        self._arguments = ("--sandbox", sandbox, "--rules", rules)
         self._timeout_for = timeout_for
         self._scratch = None
         self._idle: queue.SimpleQueue = queue.SimpleQueue()
@@ -303,8 +375,29 @@ class ScoringPool:
         self._lock = threading.Lock()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._closed = False
+        self._sandbox_description: dict | None = None
 
     # -- public API ----------------------------------------------------------------------------
+
+    @property
+    def code_sandbox(self) -> dict:
+        """``protocol.code_sandbox``: the mode, the mechanisms in force and those missing (with
+        the sandbox off: none in force, ``missing`` null). Starts a worker to find out when no
+        task has started one yet, so the description never depends on the suite."""
+        if self.sandbox_mode == "off":
+            return {"mode": "off", "mechanisms": [], "missing": None}
+        if self._sandbox_description is None:
+            if self._scratch is None:
+                self._scratch = tempfile.mkdtemp(prefix="alodlm-scoring-")
+            worker = _Worker(self._scratch, self._env, self._arguments)
+            try:
+                worker._await_ready()
+                self._describe(worker)
+            finally:
+                worker.close()
+        described = self._sandbox_description or {}
+        return {"mode": self.sandbox_mode, "mechanisms": described.get("mechanisms"),
+                "missing": described.get("missing")}
 
     def submit(self, record: Mapping[str, Any], generation: str) -> concurrent.futures.Future:
         """Queue one task; the future yields an :class:`Outcome` or raises ``WorkerError``."""
@@ -312,8 +405,7 @@ class ScoringPool:
             raise RuntimeError("the scoring pool is closed")
         if self._executor is None:
             self._start()
-        payload = json.dumps({"record": record, "generation": generation}).encode("utf-8") + b"\n"
-        return self._executor.submit(self._score, record, payload)
+        return self._executor.submit(self._score, record, generation)
 
     def score(self, record: Mapping[str, Any], generation: str) -> Outcome:
         """Score one task and wait for it."""
@@ -351,7 +443,8 @@ class ScoringPool:
     # -- internals -----------------------------------------------------------------------------
 
     def _start(self) -> None:
-        self._scratch = tempfile.mkdtemp(prefix="alodlm-scoring-")
+        if self._scratch is None:
+            self._scratch = tempfile.mkdtemp(prefix="alodlm-scoring-")
         self._executor = concurrent.futures.ThreadPoolExecutor(
             self.size, thread_name_prefix="alodlm-scoring"
         )
@@ -359,7 +452,7 @@ class ScoringPool:
             self._idle.put(self._new_worker())
 
     def _new_worker(self) -> _Worker:
-        worker = _Worker(self._scratch, self._env)
+        worker = _Worker(self._scratch, self._env, self._arguments)
         with self._lock:
             self._workers.add(worker)
         return worker
@@ -369,14 +462,36 @@ class ScoringPool:
             self._workers.discard(worker)
         worker.kill()
 
-    def _score(self, record: Mapping[str, Any], payload: bytes) -> Outcome:
+    def _warn(self, text: str) -> None:
+        print(f"warning: {text}", file=self._stderr or sys.stderr, flush=True)
+
+    def _describe(self, worker: _Worker) -> None:
+        """Keep the first worker's sandbox description; warn once about what is missing."""
+        with self._lock:
+            if self._sandbox_description is not None or worker.sandbox is None:
+                return
+            self._sandbox_description = worker.sandbox
+        missing = worker.sandbox.get("missing") or []
+        if worker.sandbox.get("error"):
+            self._warn(f"the code sandbox could not start ({worker.sandbox['error']}); "
+                       "generated code runs without containment")
+        elif missing:
+            self._warn("the code sandbox runs without " + ", ".join(missing)
+                       + " (not allowed on this machine); see the README's sandbox section")
+
+    def _score(self, record: Mapping[str, Any], generation: str) -> Outcome:
         worker = self._idle.get()
         replacement = worker
         try:
+            if worker._ready and worker._stray_data():
+                self._retire(worker)
+                self._warn("a scoring worker's channel carried data between requests; "
+                           "the worker was replaced")
+                worker = replacement = self._new_worker()
             timeout_for = self._timeout_for or parent_timeout
             timeout = timeout_for(record)
             try:
-                reply = worker.request(payload, timeout)
+                reply = worker.request(record, generation, timeout)
             except _Timeout:
                 reason = TIMEOUT_REASON if is_code_task(record) else NON_CODE_TIMEOUT_REASON
                 detail = f"exceeded the parent-side timeout of {timeout:g} s"
@@ -387,41 +502,61 @@ class ScoringPool:
                 except subprocess.TimeoutExpired:
                     status = None
                 detail = f"ended its scoring worker (exit status {status})"
+            except _Protocol as error:
+                reason = PROTOCOL_REASON
+                detail = f"received {error} on the verdict channel"
             else:
-                if isinstance(reply, dict) and "error" in reply:
-                    error_type = _RERAISED.get(reply.get("type"))
-                    if error_type is not None and not is_code_task(record):
-                        raise error_type(reply.get("message"))
-                    raise WorkerError(reply["error"], reply.get("type"), reply.get("message"))
-                correct, extracted = reply
-                return Outcome(bool(correct), extracted)
+                self._describe(worker)
+                outcome = self._outcome(record, reply)
+                if outcome is not None:
+                    if outcome.failure is not None:
+                        self._warn(f"code scoring of benchmark {record.get('benchmark')!r} id "
+                                   f"{record.get('id')!r}: {reply.get('detail')}; scored "
+                                   f"incorrect ({outcome.failure})")
+                    return outcome
+                reason = PROTOCOL_REASON
+                detail = "received a malformed verdict on the verdict channel"
             self._retire(worker)
             if self._closed:
                 replacement = None
                 return Outcome(False, None, reason)
             replacement = self._new_worker()
-            print(
-                f"warning: code scoring of benchmark {record.get('benchmark')!r} id "
-                f"{record.get('id')!r} {detail}; scored incorrect ({reason})",
-                file=self._stderr or sys.stderr,
-                flush=True,
-            )
+            self._warn(f"code scoring of benchmark {record.get('benchmark')!r} id "
+                       f"{record.get('id')!r} {detail}; scored incorrect ({reason})")
             return Outcome(False, None, reason)
         finally:
             if replacement is not None:
                 self._idle.put(replacement)
+
+    @staticmethod
+    def _outcome(record: Mapping[str, Any], reply: dict) -> Outcome | None:
+        """The reply as an outcome; ``None`` when it is not a well-formed reply. Raises the
+        worker's exception (fatal) for an error reply."""
+        if "error" in reply:
+            error_type = _RERAISED.get(reply.get("type"))
+            if error_type is not None and not is_code_task(record):
+                raise error_type(reply.get("message"))
+            raise WorkerError(str(reply["error"]), reply.get("type"), reply.get("message"))
+        if reply.get("failure") == SANDBOX_FAILURE_REASON:
+            return Outcome(False, None, SANDBOX_FAILURE_REASON)
+        verdict = reply.get("verdict")
+        if (type(verdict) is list and len(verdict) == 2 and type(verdict[0]) is bool
+                and (verdict[1] is None or type(verdict[1]) is str)):
+            return Outcome(verdict[0], verdict[1])
+        return None
 
 
 def is_code_task(record: Mapping[str, Any]) -> bool:
     return record.get("metric") in CODE_METRICS
 
 
-def score_isolated(record: Mapping[str, Any], generation: str) -> tuple[bool, str | None]:
+def score_isolated(record: Mapping[str, Any], generation: str, *, sandbox: str = "on",
+                   rules: str = "reference") -> tuple[bool, str | None]:
     """Score one task in a fresh interpreter and return ``(correct, extracted)``.
 
     The single-task counterpart of the reference's isolated scorer (SCORING.md §10.1 rows 20/21).
     A D3 timeout returns ``(False, None)``; a worker exception raises :class:`WorkerError`.
     """
-    with ScoringPool(1) as pool:
+    with ScoringPool(1, sandbox=sandbox, rules=rules) as pool:
         outcome = pool.score(record, generation)
     return outcome.correct, outcome.extracted

@@ -59,20 +59,27 @@ _LETTER_EXTRACTORS = {
 # --------------------------------------------------------------------------------------------
 
 
-def score(record: dict, generation: str) -> tuple[bool, str | None]:
+def score(record: dict, generation: str, *, rules: str = "reference",
+          sandbox: Any = None) -> tuple[bool, str | None]:
     """Score one generation against its task record: ``(correct, extracted)``.
 
     ``extracted`` is ``None`` for code metrics. Raises the reference's validation errors (§2.3).
+    Code metrics run their program in ``sandbox`` (an :class:`alodlm_scoring.sandbox.Sandbox`;
+    the scoring workers pass theirs) or, without one, in plain child processes of this process
+    (the reference's way: no containment). ``rules`` is ``"reference"`` (the reference's
+    verdicts) or ``"strict"`` (:mod:`alodlm_scoring.strict`; needs a sandbox). For untrusted
+    code from a process that may have JAX loaded, use :class:`alodlm_scoring.Scorer`.
     """
     metric = record["metric"]
     if metric not in METRICS:
         raise ValueError(f"Unsupported evaluation metric: {metric!r}")
     reference = str(record.get("answer", "")).strip()
     if metric in CODE_METRICS:
+        _check_rules(rules, sandbox)
         program = extract.extract_program(generation, record.get("function_prefix") or "")
         if metric == "python_tests":
-            return bool(_run_python_tests_record(record, program)), None
-        return bool(run_evalplus(record, program)), None
+            return bool(_run_python_tests_record(record, program, rules, sandbox)), None
+        return bool(run_evalplus(record, program, rules=rules, sandbox=sandbox)), None
     if not reference:
         raise ValueError("An evaluation reference is required")
     if metric == "exact":
@@ -83,6 +90,16 @@ def score(record: dict, generation: str) -> tuple[bool, str | None]:
         gold = extract.extract_math_gold(reference)
         return math_correct(gold, prediction), prediction
     return _score_multiple_choice(metric, record, reference, generation)
+
+
+RULE_SETS = ("reference", "strict")
+
+
+def _check_rules(rules: str, sandbox: Any) -> None:
+    if rules not in RULE_SETS:
+        raise ValueError(f"code verdict rules must be reference or strict, got {rules!r}")
+    if rules == "strict" and sandbox is None:
+        raise ValueError("strict code verdicts need the code sandbox")
 
 
 def _score_multiple_choice(metric: str, record: dict, reference: str, generation: str):
@@ -199,23 +216,29 @@ def run_python_tests(program: str, tests: str, timeout: float) -> bool:
         return returncode == 0
 
 
-def _run_python_tests_record(record: dict, program: str) -> bool:
+def _run_python_tests_record(record: dict, program: str, rules: str = "reference",
+                             sandbox: Any = None) -> bool:
     tests = record["tests"]
     if not isinstance(tests, str) or not tests.strip():
         raise ValueError("python_tests requires a nonempty local test program")
     timeout = float(record.get("timeout_seconds", DEFAULT_CODE_TIMEOUT_SECONDS))
     if not math.isfinite(timeout) or timeout <= 0:
         raise ValueError("Code timeout must be finite and positive")
-    return run_python_tests(program, tests, timeout)
+    if sandbox is None:
+        return run_python_tests(program, tests, timeout)
+    from . import sandboxed
+
+    return sandboxed.python_tests(sandbox, program, tests, timeout, rules=rules)
 
 
 # --------------------------------------------------------------------------------------------
 # evalplus (HumanEval, HumanEval+, MBPP+)
 # --------------------------------------------------------------------------------------------
 
-_SELF_CHECK_PASSED = False
 _IDENTITY_PROGRAM = "def identity(x):\n    return {}\n"
 _ROOT_CHECK_ENTRY = "_alodlm_root_check"
+# The (sandbox, rules) combinations whose grader passed its self-check (None: no sandbox).
+_GRADERS_CHECKED: set = set()
 
 
 def _untrusted_check(*args, **kwargs):
@@ -224,24 +247,25 @@ def _untrusted_check(*args, **kwargs):
     return untrusted_check(*args, **kwargs)
 
 
-def _ensure_grader_works() -> None:
-    """Once per process: evalplus must pass a correct and fail a wrong identity function."""
-    global _SELF_CHECK_PASSED
-    if _SELF_CHECK_PASSED:
+def _ensure_grader_works(sandbox: Any = None, rules: str = "reference") -> None:
+    """Once per process (and per sandbox and rule set): the grader must pass a correct and fail
+    a wrong identity function, through the same path the tasks take."""
+    key = (id(sandbox) if sandbox is not None else None, rules)
+    if key in _GRADERS_CHECKED:
         return
     if sys.platform == "darwin":
         os.environ.setdefault("EVALPLUS_MAX_MEMORY_BYTES", "-1")
     statuses = [
-        _untrusted_check(
-            "humaneval", _IDENTITY_PROGRAM.format(body), [[3]], "identity", [3], 0, [0.001]
-        )[0]
+        "pass" if _suite_passes(sandbox, rules, "humaneval", _IDENTITY_PROGRAM.format(body),
+                                "identity", [[3]], [3], 0, [0.001], DEFAULT_MIN_TIME_LIMIT,
+                                DEFAULT_TIME_LIMIT_FACTOR, root_check=False) else "fail"
         for body in ("x", "0")
     ]
     if statuses != ["pass", "fail"]:
         raise RuntimeError(
             f"Code grader failed its positive/negative execution checks (got {statuses!r})"
         )
-    _SELF_CHECK_PASSED = True
+    _GRADERS_CHECKED.add(key)
 
 
 def _root_check_program(program: str, atol: float) -> str:
@@ -276,13 +300,15 @@ def _suite_arguments(suite: dict, root_check: bool) -> tuple[list, list, list]:
     return list(inputs), list(expected), times
 
 
-def run_evalplus(record: dict, program: str) -> bool:
+def run_evalplus(record: dict, program: str, *, rules: str = "reference",
+                 sandbox: Any = None) -> bool:
     """Score ``program`` with evalplus 0.3.1 over the record's suites, in order (§5.3).
 
     The first suite that does not pass ends scoring with False; later suites are neither
-    validated nor run.
+    validated nor run. ``rules`` and ``sandbox`` as in :func:`score`.
     """
-    _ensure_grader_works()
+    _check_rules(rules, sandbox)
+    _ensure_grader_works(sandbox, rules)
     code_tests = record["code_tests"]
     dataset = code_tests["dataset"]
     if dataset not in EVALPLUS_DATASETS:
@@ -295,22 +321,42 @@ def run_evalplus(record: dict, program: str) -> bool:
     min_time_limit = float(code_tests.get("min_time_limit", DEFAULT_MIN_TIME_LIMIT))
     time_limit_factor = float(code_tests.get("time_limit_factor", DEFAULT_TIME_LIMIT_FACTOR))
     root_check = dataset == "humaneval" and entry_point == "find_zero"
+    for suite in suites:
+        inputs, expected, times = _suite_arguments(suite, root_check)
+        if not _suite_passes(sandbox, rules, dataset, program, entry_point, inputs, expected,
+                             atol, times, min_time_limit, time_limit_factor, root_check):
+            return False
+    return True
+
+
+def _suite_passes(sandbox: Any, rules: str, dataset: str, program: str, entry_point: str,
+                  inputs: list, expected: list, atol: float, times: list, min_time_limit: float,
+                  time_limit_factor: float, root_check: bool) -> bool:
+    """One suite: evalplus's ``untrusted_check`` (reference rules: here without a sandbox, or in
+    it), or the program's outputs compared as plain data (strict rules)."""
+    if rules == "strict":
+        from . import sandboxed, strict
+
+        time_limits = [max(min_time_limit, time_limit_factor * t) for t in times]
+        outputs = sandboxed.evalplus_outputs(sandbox, program=program, entry_point=entry_point,
+                                             inputs=inputs, time_limits=time_limits)
+        if outputs is None:
+            return False
+        if root_check:
+            outputs = strict.root_residual_outputs(inputs, outputs, atol)
+            entry_point = _ROOT_CHECK_ENTRY
+        return strict.evalplus_passes(dataset, entry_point, inputs, outputs, expected, atol)
     if root_check:
         program = _root_check_program(program, atol)
         entry_point = _ROOT_CHECK_ENTRY
-    for suite in suites:
-        inputs, expected, times = _suite_arguments(suite, root_check)
-        status, _ = _untrusted_check(
-            dataset,
-            program,
-            inputs,
-            entry_point,
-            expected,
-            atol,
-            times,
-            min_time_limit=min_time_limit,
-            gt_time_limit_factor=time_limit_factor,
-        )
-        if status != "pass":
-            return False
-    return True
+    if sandbox is None:
+        status, _ = _untrusted_check(dataset, program, inputs, entry_point, expected, atol, times,
+                                     min_time_limit=min_time_limit,
+                                     gt_time_limit_factor=time_limit_factor)
+        return status == "pass"
+    from . import sandboxed
+
+    return sandboxed.evalplus_status(
+        sandbox, dataset=dataset, program=program, inputs=inputs, entry_point=entry_point,
+        expected=expected, atol=atol, reference_seconds=times, min_time_limit=min_time_limit,
+        time_limit_factor=time_limit_factor) == "pass"

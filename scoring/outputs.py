@@ -29,6 +29,7 @@ __all__ = [
     "aggregate",
     "installed_versions",
     "protocol_block",
+    "with_code_scoring",
     "summary_text",
     "write_summary",
     "RowWriter",
@@ -291,6 +292,26 @@ def protocol_block(
         {"benchmark": f["benchmark"], "id": f["id"], "reason": f["reason"]} for f in scoring_failures
     ]
     return block
+
+
+def with_code_scoring(block: Mapping[str, Any], *, verdicts: str,
+                      sandbox: Mapping[str, Any]) -> dict[str, Any]:
+    """``block`` with the code-scoring keys after ``scoring_failures`` (project keys, D10):
+    ``code_verdicts`` (the rule set: ``reference`` or ``strict``) and ``code_sandbox``
+    (``mode``, the ``mechanisms`` in force and those ``missing``; ``null`` lists when no code
+    task was scored)."""
+    result: dict[str, Any] = {}
+    for key, value in block.items():
+        if key in ("code_verdicts", "code_sandbox"):
+            continue
+        result[key] = value
+        if key == "scoring_failures":
+            result["code_verdicts"] = verdicts
+            result["code_sandbox"] = dict(sandbox)
+    if "code_verdicts" not in result:
+        result["code_verdicts"] = verdicts
+        result["code_sandbox"] = dict(sandbox)
+    return result
 
 
 def summary_text(summary: Mapping[str, Any]) -> str:

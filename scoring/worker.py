@@ -1,22 +1,30 @@
-"""A long-lived code-scoring worker: ``python -m alodlm_scoring.worker`` (SCORING.md §5.5, D6).
+"""A long-lived code-scoring worker: ``python -m alodlm_scoring.worker`` (SCORING.md §5.5, D6, D10).
 
 The evaluator starts this module in a *fresh* interpreter (never a fork of a process that may have
 JAX loaded). Its import chain is the scoring package only, so JAX, Flax and torch never load here.
+Flags: ``--sandbox on|off`` (default on) and ``--rules reference|strict`` (default reference).
+
+With the sandbox on, the worker forks its zygote (:mod:`alodlm_scoring.sandbox.zygote`) before it
+reads any request, and every program of every task runs in a sandboxed fork of it; the worker
+itself never runs a program. The pool starts sandboxed workers with a short environment allowlist,
+so no secret is in this process either.
 
 Protocol, one JSON document per line:
 
-* after start-up the worker writes ``{"ready": true}``;
-* each request is ``{"record": <task>, "generation": <text>}``;
-* each reply is ``[correct, extracted]`` (``extracted`` is ``null`` for code metrics), or
-  ``{"error": <traceback text>, "type": <exception class>, "message": <str(exception)>}`` when
-  scoring raised (a validation error of §2.3, for instance).
+* after start-up the worker writes ``{"ready": true, "sandbox": {"mode", "mechanisms",
+  "missing", "error"}}``;
+* each request is ``{"nonce": <hex>, "record": <task>, "generation": <text>}``;
+* each reply carries the request's nonce and one of ``"verdict": [correct, extracted]``
+  (``extracted`` is ``null`` for code metrics), ``"failure": <reason>`` (the sandbox could not run
+  the program: the task is scored incorrect with that reason) or ``"error": <traceback text>``
+  with ``"type"`` and ``"message"`` (scoring raised: a validation error, a failed grader
+  self-check).
 
-Why the file-descriptor juggling: generated programs run in children of this process (``python -I
-check.py``, evalplus's forked checker). The protocol travels over private duplicates of stdin and
-stdout, and descriptors 0 and 1 are pointed at ``/dev/null``, so a program that prints or reads
-cannot corrupt or steal protocol lines. After every request all remaining descendants are killed;
-the worker makes itself a child subreaper (Linux) so that double-forked or ``setsid`` programs
-are re-parented here and cannot outlive their task.
+The protocol travels over private duplicates of stdin and stdout; descriptors 0 and 1 are pointed
+at ``/dev/null``. Without the sandbox (``--sandbox off``, today's behaviour) programs run as this
+worker's children: after every request all remaining descendants are killed and the worker is a
+child subreaper (Linux), so double-forked or ``setsid`` programs are re-parented here; a program
+can still reach this process there, which the nonce only detects.
 """
 
 from __future__ import annotations
@@ -27,9 +35,8 @@ import signal
 import sys
 import traceback
 
-__all__ = ["main", "handle_request", "kill_descendants"]
+__all__ = ["main", "handle_request", "kill_descendants", "parse_arguments"]
 
-_PR_SET_CHILD_SUBREAPER = 36
 SCRATCH_VARIABLE = "ALODLM_WORKER_SCRATCH"
 
 
@@ -37,20 +44,21 @@ def _become_subreaper() -> None:
     """Orphaned descendants are re-parented to this process instead of init (Linux only)."""
     if not sys.platform.startswith("linux"):
         return
-    try:
-        import ctypes
+    from .sandbox import linux
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    try:
+        linux.set_child_subreaper()
     except (OSError, AttributeError):
         pass
 
 
-def kill_descendants() -> None:
-    """SIGKILL every process below this one, then reap the direct children.
+def kill_descendants(keep: int | None = None) -> None:
+    """SIGKILL every process below this one (except ``keep``, the zygote, and the processes
+    below it), then reap the direct children.
 
-    Between requests the worker has no legitimate children, so anything left is a leftover of the
-    program just scored (background processes, a fork bomb's remains, evalplus stragglers).
+    Between requests the worker has no legitimate children but its zygote, so anything else
+    left is a leftover of the program just scored (background processes, a fork bomb's
+    remains, evalplus stragglers).
     """
     try:
         import psutil
@@ -58,7 +66,15 @@ def kill_descendants() -> None:
         return
     for _ in range(3):  # a process forking while we kill: repeat until nothing is left
         try:
-            children = psutil.Process().children(recursive=True)
+            me = psutil.Process()
+            spared = set()
+            if keep is not None:
+                try:
+                    zygote = psutil.Process(keep)
+                    spared = {keep} | {child.pid for child in zygote.children(recursive=True)}
+                except psutil.Error:
+                    pass
+            children = [c for c in me.children(recursive=True) if c.pid not in spared]
         except psutil.Error:
             return
         if not children:
@@ -82,32 +98,81 @@ def _reap_zombies() -> None:
             return
 
 
-def handle_request(line: bytes | str) -> list | dict:
+def parse_arguments(argv: list[str]) -> tuple[str, str]:
+    """``--sandbox on|off`` and ``--rules reference|strict`` (``=`` or a separate value)."""
+    values = {"--sandbox": "on", "--rules": "reference"}
+    allowed = {"--sandbox": ("on", "off"), "--rules": ("reference", "strict")}
+    items = list(argv)
+    while items:
+        item = items.pop(0)
+        name, _, value = item.partition("=")
+        if name not in values:
+            raise SystemExit(f"alodlm_scoring.worker: unknown argument {item!r}")
+        if not _:
+            value = items.pop(0) if items else ""
+        if value not in allowed[name]:
+            raise SystemExit(f"alodlm_scoring.worker: {name} must be one of {allowed[name]}")
+        values[name] = value
+    return values["--sandbox"], values["--rules"]
+
+
+def handle_request(line: bytes | str, *, rules: str = "reference", sandbox=None) -> dict:
     """Score one request line; never raises (errors become an error reply)."""
-    return _serve(line)[0]
+    return _serve(line, rules, sandbox)[0]
 
 
-def _serve(line: bytes | str) -> tuple[list | dict, bool]:
+def _serve(line: bytes | str, rules: str, sandbox) -> tuple[dict, bool]:
     """The reply, and whether the request may have left processes behind (not for math, which
-    runs no programs: the ``/proc``-scanning cleanup costs milliseconds)."""
-    runs_programs = True
+    runs no programs, nor with the sandbox, whose runs never outlive themselves)."""
+    runs_programs = sandbox is None
+    nonce = None
     try:
         from .metrics import score
+        from .sandboxed import SandboxFailure
 
         request = json.loads(line)
+        nonce = request.get("nonce")
         record = request["record"]
-        runs_programs = record.get("metric") != "math"
-        correct, extracted = score(record, request["generation"])
-        return [bool(correct), extracted], runs_programs
+        runs_programs = runs_programs and record.get("metric") != "math"
+        try:
+            correct, extracted = score(record, request["generation"], rules=rules,
+                                       sandbox=sandbox)
+        except SandboxFailure as failure:
+            return {"nonce": nonce, "failure": "code_sandbox_failure",
+                    "detail": str(failure)}, runs_programs
+        return {"nonce": nonce, "verdict": [bool(correct), extracted]}, runs_programs
     except Exception as error:  # reported to the parent, which decides what is fatal
         return {
+            "nonce": nonce,
             "error": traceback.format_exc(),
             "type": type(error).__name__,
             "message": str(error),
         }, runs_programs
 
 
-def main() -> int:
+def _start_sandbox(mode: str, rules: str) -> tuple[object | None, dict]:
+    """The worker's sandbox (started before any request is read) and its description."""
+    if mode == "off":
+        return None, {"mode": "off", "mechanisms": [], "missing": [], "error": None}
+    from .sandbox import Sandbox, mechanisms
+    from .sandbox.zygote import ZygoteError
+
+    scratch = os.environ.get(SCRATCH_VARIABLE) or None
+    sandbox = Sandbox(scratch=scratch)
+    try:
+        sandbox.start()
+    except ZygoteError as error:
+        if rules == "strict":
+            raise SystemExit(f"strict code verdicts need the code sandbox, which could not "
+                             f"start: {error}") from None
+        return None, {"mode": "on", "mechanisms": [], "missing": list(mechanisms.ALL),
+                      "error": str(error)}
+    return sandbox, {"mode": "on", "mechanisms": list(sandbox.mechanisms),
+                     "missing": list(sandbox.missing), "error": None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    mode, rules = parse_arguments(sys.argv[1:] if argv is None else argv)
     requests = os.fdopen(os.dup(0), "rb")
     replies = os.fdopen(os.dup(1), "wb")
     null = os.open(os.devnull, os.O_RDWR)
@@ -117,20 +182,24 @@ def main() -> int:
     _become_subreaper()
     from . import metrics  # noqa: F401  - import errors surface before "ready"
 
+    sandbox, description = _start_sandbox(mode, rules)
+    zygote = sandbox.pid if sandbox is not None else None
     try:
-        replies.write(b'{"ready": true}\n')
+        replies.write(json.dumps({"ready": True, "sandbox": description}).encode() + b"\n")
         replies.flush()
         for line in requests:
             if not line.strip():
                 continue
-            reply, runs_programs = _serve(line)
+            reply, runs_programs = _serve(line, rules, sandbox)
             if runs_programs:
-                kill_descendants()
+                kill_descendants(keep=zygote)
             replies.write(json.dumps(reply).encode("utf-8") + b"\n")
             replies.flush()
     except BrokenPipeError:  # the evaluator is gone (killed): nobody wants the reply
         pass
     finally:
+        if sandbox is not None:
+            sandbox.close()
         kill_descendants()
         _remove_scratch()
     return 0

@@ -17,8 +17,9 @@ from typing import Any, Mapping, Sequence, TextIO
 
 from absl import flags
 
-from alodlm_jax.cli.flags import (decode_config_from_flags, define_decode_flags, define_model_flags,
-                                  run_command)
+from alodlm_jax.cli.flags import (code_scoring_from_flags, decode_config_from_flags,
+                                  define_code_scoring_flags, define_decode_flags,
+                                  define_model_flags, run_command)
 from alodlm_jax.config import DEFAULT_ENGINE, ENGINE_NAMES, ENGINES, DecodeConfig
 
 PROG = "alodlm-jax-evaluate"
@@ -44,6 +45,7 @@ flags.DEFINE_enum("engine", DEFAULT_ENGINE, list(ENGINES), "Decoder engine for g
 flags.DEFINE_integer("workers", os.cpu_count() or 1, "Number of fresh-interpreter workers that "
                      "score code tasks in parallel (verdicts equal sequential scoring).",
                      flag_values=FLAGS)
+define_code_scoring_flags(FLAGS)
 flags.DEFINE_boolean("math_in_workers", True, "Rescore mode with --workers > 1: score math "
                      "tasks in the worker pool too. Each worker scores on its own main thread, "
                      "where math-verify's SIGALRM timeouts work, so verdicts are unchanged. "
@@ -273,12 +275,19 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
             tasks, FLAGS.output, _process_info, generate=lambda task: generator.generate(task["prompt"]),
             make_protocol=make_protocol, split=FLAGS.task_split, state=state,
             workers=FLAGS.workers, progress=progress, overlap=FLAGS.overlap_scoring,
+            **_code_scoring(),
         )
     return evaluation.evaluate(
         tasks, state, rows_source=rows if batch_size == 1 else batched_rows,
         make_protocol=make_protocol,
         workers=FLAGS.workers, progress=progress, overlap=FLAGS.overlap_scoring,
+        **_code_scoring(),
     )
+
+
+def _code_scoring() -> dict:
+    sandbox, verdicts = code_scoring_from_flags(FLAGS)
+    return {"code_sandbox": sandbox, "code_verdicts": verdicts}
 
 
 def _rescore_mode(tasks: Sequence[Mapping[str, Any]], state, progress) -> dict:
@@ -294,6 +303,7 @@ def _rescore_mode(tasks: Sequence[Mapping[str, Any]], state, progress) -> dict:
         progress=progress,
         check_existing_row=evaluation.rescore_row_checker(predictions) if state.resume else None,
         pool_metrics=evaluation.rescore_pool_metrics(FLAGS.workers, FLAGS.math_in_workers),
+        **_code_scoring(),
     )
 
 
@@ -317,6 +327,7 @@ def _evaluate() -> int:
     else:
         state = prepare_output_directory(FLAGS.output, resume=FLAGS.resume)  # step 2
     decode = decode_config_from_flags(FLAGS)  # step 3: validated in both modes, as the reference
+    code_scoring_from_flags(FLAGS)
     if FLAGS.workers < 1:
         raise ValueError("--workers must be at least 1")
     if FLAGS.batch_size < 1:

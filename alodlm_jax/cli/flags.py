@@ -24,7 +24,8 @@ from typing import Callable, Sequence
 from absl import flags
 
 __all__ = ["USER_ERRORS", "normalize_argv", "parse_flags", "run_command", "error_line",
-           "define_decode_flags", "decode_config_from_flags", "define_model_flags"]
+           "define_decode_flags", "decode_config_from_flags", "define_model_flags",
+           "define_code_scoring_flags", "code_scoring_from_flags"]
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -202,3 +203,29 @@ def decode_config_from_flags(flag_values: flags.FlagValues):
     return DecodeConfig(q=fv.q, tau=fv.tau, window_size=fv.window_size,
                         max_new_tokens=fv.max_new_tokens, position_penalty=fv.position_penalty,
                         mode=fv.mode)
+
+
+def define_code_scoring_flags(flag_values: flags.FlagValues) -> None:
+    """``--code_sandbox`` and ``--code_verdicts``: how code metrics run and judge programs
+    (alodlm_scoring.sandbox, alodlm_scoring.strict; SCORING.md D10)."""
+    d = {"flag_values": flag_values}
+    flags.DEFINE_enum("code_sandbox", "on", ["on", "off"], "Run every program that code scoring "
+                      "runs (python_tests' check.py, evalplus's executions, anything they start) "
+                      "in the OS sandbox: Landlock, user/pid/network/mount namespaces, a read-only "
+                      "filesystem with a private working directory, no capabilities, hard "
+                      "resource limits, a short environment allowlist. Mechanisms the machine "
+                      "lacks are named in one warning and in protocol.code_sandbox. off: no "
+                      "containment (the reference's behaviour).", **d)
+    flags.DEFINE_enum("code_verdicts", "reference", ["reference", "strict"], "Code verdict "
+                      "rules. reference: the reference's verdicts. strict: a python_tests pass "
+                      "needs the tests to have run to their end (an early exit cannot pass); "
+                      "evalplus outputs are compared outside the program's process as plain "
+                      "data, and the program never sees the expected outputs. Needs "
+                      "--code_sandbox=on. Recorded as protocol.code_verdicts.", **d)
+
+
+def code_scoring_from_flags(flag_values: flags.FlagValues) -> tuple[str, str]:
+    """``(code_sandbox, code_verdicts)``, checked together."""
+    if flag_values.code_verdicts == "strict" and flag_values.code_sandbox == "off":
+        raise ValueError("--code_verdicts=strict needs the code sandbox (--code_sandbox=on)")
+    return flag_values.code_sandbox, flag_values.code_verdicts

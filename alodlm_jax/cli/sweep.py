@@ -22,7 +22,8 @@ from typing import Sequence, TextIO
 
 from absl import flags
 
-from alodlm_jax.cli.flags import define_model_flags, run_command
+from alodlm_jax.cli.flags import (code_scoring_from_flags, define_code_scoring_flags,
+                                  define_model_flags, run_command)
 from alodlm_jax.config import DEFAULT_ENGINE, ENGINES, DecodeConfig
 
 PROG = "alodlm-jax-sweep"
@@ -49,6 +50,7 @@ flags.DEFINE_float("position_penalty", None, "Entropy penalty per window positio
 flags.DEFINE_enum("engine", DEFAULT_ENGINE, list(ENGINES), "Decoder engine (recorded as "
                   "protocol.decoder): compiled (the default) or portable; their outputs are identical.",
                   flag_values=FLAGS)
+define_code_scoring_flags(FLAGS)
 flags.DEFINE_integer("workers", os.cpu_count() or 1, "Fresh-interpreter workers scoring code "
                      "tasks (one pool for the whole sweep).", flag_values=FLAGS)
 flags.DEFINE_string("compilation_cache_dir", None, "Persistent JAX compilation cache directory.",
@@ -102,6 +104,7 @@ def _sweep() -> int:
         return 0
     if FLAGS.workers < 1:
         raise ValueError("--workers must be at least 1")
+    code_sandbox, code_verdicts = code_scoring_from_flags(FLAGS)
     pending = sum(state != "complete" for _, state in states)
     if pending and not FLAGS.model:
         raise ValueError(f"--model is required: {pending} point(s) still need generating")
@@ -121,7 +124,8 @@ def _sweep() -> int:
     with EvaluationPointRunner(
         tasks=tasks, input_sha256=input_sha256, generators=generators, base=base,
         fixed_protocol=fixed_protocol_fields(FLAGS.engine, FLAGS.precision, device),
-        workers=FLAGS.workers, progress_factory=lambda point: TaskProgress(point.name),
+        workers=FLAGS.workers, code_sandbox=code_sandbox, code_verdicts=code_verdicts,
+        progress_factory=lambda point: TaskProgress(point.name),
     ) as runner:
         result = sweep.run_sweep(points, FLAGS.output, runner, base=base, metadata=metadata,
                                  input_sha256=input_sha256, reports=FLAGS.reports)

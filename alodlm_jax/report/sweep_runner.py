@@ -78,6 +78,8 @@ class EvaluationPointRunner:
     base: DecodeConfig
     fixed_protocol: Mapping[str, Any]
     workers: int | None = None
+    code_sandbox: str = "on"
+    code_verdicts: str = "reference"
     progress_factory: Callable[[SweepPoint], Any] | None = None
     _pool: Any = None
 
@@ -96,7 +98,9 @@ class EvaluationPointRunner:
         if self._pool is None:
             from alodlm_scoring.isolation import ScoringPool
 
-            self._pool = ScoringPool(self.workers)  # workers start on the first code task
+            # Workers start on the first code task.
+            self._pool = ScoringPool(self.workers, sandbox=self.code_sandbox,
+                                     rules=self.code_verdicts)
         return self._pool
 
     def __call__(self, point: SweepPoint, directory: str, resume: bool) -> Mapping[str, Any]:

@@ -26,7 +26,8 @@ def test_worker_import_chain_never_loads_a_framework():
     code = (
         "import sys\n"
         "import alodlm_scoring.worker, alodlm_scoring.isolation, alodlm_scoring.evaluation\n"
-        "import alodlm_scoring.outputs, alodlm_scoring.metrics\n"
+        "import alodlm_scoring.outputs, alodlm_scoring.metrics, alodlm_scoring.sandbox\n"
+        "import alodlm_scoring.sandbox.jobs, alodlm_scoring.sandboxed, alodlm_scoring.strict\n"
         "from alodlm_scoring.worker import handle_request\n"
         "import json\n"
         "record = {'metric': 'evalplus', 'code_tests': {'dataset': 'humaneval',"
@@ -40,7 +41,7 @@ def test_worker_import_chain_never_loads_a_framework():
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                timeout=120)
     assert completed.returncode == 0, completed.stderr
-    assert completed.stdout.splitlines() == ["[True, None]", "[]"]
+    assert completed.stdout.splitlines() == ["{'nonce': None, 'verdict': [True, None]}", "[]"]
 
 
 def test_pool_verdicts_equal_in_process_scoring():

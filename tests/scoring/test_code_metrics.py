@@ -286,7 +286,7 @@ def test_evalplus_validation_errors(record, error, message):
 
 
 def test_grader_self_check_failure(monkeypatch):
-    monkeypatch.setattr(metrics, "_SELF_CHECK_PASSED", False)
+    monkeypatch.setattr(metrics, "_GRADERS_CHECKED", set())
     monkeypatch.setattr(metrics, "_untrusted_check", lambda *args, **kwargs: ("fail", []))
     # The self-check runs before dataset validation.
     record = evalplus_record("g", [suite([[0]], [0])], dataset="apps")
@@ -301,7 +301,7 @@ def test_grader_self_check_runs_once_per_process(monkeypatch):
         calls.append(code)
         return ("pass" if "return x" in code or "return 0" not in code else "fail"), []
 
-    monkeypatch.setattr(metrics, "_SELF_CHECK_PASSED", False)
+    monkeypatch.setattr(metrics, "_GRADERS_CHECKED", set())
     monkeypatch.setattr(metrics, "_untrusted_check", fake)
     record = evalplus_record("g", [suite([[0]], [0])])
     score(record, "def g(x):\n    return 1")
@@ -316,7 +316,7 @@ def test_time_limit_settings_are_passed_through(monkeypatch):
         seen.update(kwargs, atol=atol, times=times, entry=entry, expected=expected)
         return "pass", []
 
-    monkeypatch.setattr(metrics, "_SELF_CHECK_PASSED", True)
+    monkeypatch.setattr(metrics, "_GRADERS_CHECKED", {(None, "reference")})
     monkeypatch.setattr(metrics, "_untrusted_check", fake)
     record = evalplus_record(
         "g", [suite([[0]], [0], seconds=2)], atol=None, min_time_limit=3, time_limit_factor=2

@@ -1,0 +1,97 @@
+"""The code sandbox: every program that scoring runs, contained by the kernel's own mechanisms.
+
+Layout (one job per module):
+
+* :mod:`.landlock` — Landlock rulesets (filesystem, TCP, signal and socket scopes);
+* :mod:`.linux` — namespaces, mounts, ``prctl`` switches, capabilities, limits;
+* :mod:`.mechanisms` — the mechanisms by name, what programs may read, the environment allowlist;
+* :mod:`.process` — one run's process tree (supervisor, init, program), written once;
+* :mod:`.zygote` — the clean process runs are forked from, and the worker's handle on it;
+* :mod:`.jobs` — functions run inside the sandbox (evalplus's checker, strict output capture,
+  canonical-solution ground truth).
+
+:class:`Sandbox` is what a scoring worker uses. It works with whatever the machine allows: a
+missing mechanism (an older kernel, a container that refuses namespaces) is left out and named in
+:attr:`Sandbox.missing`; nothing is silently assumed. ``ALODLM_SANDBOX_DISABLE`` (a comma list of
+mechanism groups: ``user-namespace``, ``mount-namespace``, ``pid-namespace``,
+``network-namespace``, ``ipc-namespace``, ``landlock``, ``capabilities``, ``hard-rlimits``,
+``no-new-privileges``) turns mechanisms off, to test the fallbacks.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from typing import Any, Mapping, Sequence
+
+from .process import Limits, Result, Run
+
+__all__ = ["Sandbox", "Limits", "Result", "DISABLE_VARIABLE", "disabled_from_environment"]
+
+DISABLE_VARIABLE = "ALODLM_SANDBOX_DISABLE"
+
+def disabled_from_environment(environ: Mapping[str, str] | None = None) -> frozenset[str]:
+    """Mechanism groups turned off through ``ALODLM_SANDBOX_DISABLE``."""
+    environ = os.environ if environ is None else environ
+    text = environ.get(DISABLE_VARIABLE, "")
+    return frozenset(part.strip() for part in text.split(",") if part.strip())
+
+
+class Sandbox:
+    """A started zygote plus the two ways to use it: a command or a job."""
+
+    def __init__(self, *, scratch: str | None = None, disabled: frozenset[str] | None = None,
+                 limits: Limits = Limits()) -> None:
+        from .zygote import Zygote
+
+        self._own_scratch = scratch is None
+        self.scratch = scratch or tempfile.mkdtemp(prefix="alodlm-sandbox-")
+        disabled = disabled_from_environment() if disabled is None else disabled
+        self._zygote = Zygote(self.scratch, disabled=frozenset(disabled), limits=limits)
+
+    def start(self) -> "Sandbox":
+        self._zygote.start()
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        """The zygote's process id (None before ``start``)."""
+        return self._zygote.pid
+
+    @property
+    def mechanisms(self) -> tuple[str, ...]:
+        """The mechanisms in force for every run (see :mod:`.mechanisms`)."""
+        return self._zygote.mechanisms
+
+    @property
+    def missing(self) -> tuple[str, ...]:
+        """The mechanisms this machine (or the settings) did not allow."""
+        return self._zygote.missing
+
+    def run_command(self, argv: Sequence[str], *, timeout: float,
+                    files: Mapping[str, str] | None = None, stdin: bytes = b"") -> Result:
+        """``exec`` ``argv`` in the sandbox (working directory holding ``files``)."""
+        return self._zygote.run(Run(timeout=timeout, workdir="", argv=tuple(argv),
+                                    files=dict(files or {}), stdin=stdin))
+
+    def run_job(self, job: str, payload: Any, *, timeout: float) -> Result:
+        """Call ``jobs.JOBS[job](payload, ...)`` in a sandboxed fork of the zygote."""
+        return self._zygote.run(Run(timeout=timeout, workdir="", job=job, payload=payload))
+
+    def python(self) -> str:
+        """The interpreter commands should run (the worker's own)."""
+        return sys.executable
+
+    def close(self) -> None:
+        self._zygote.close()
+        if self._own_scratch:
+            import shutil
+
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def __enter__(self) -> "Sandbox":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,186 @@
+"""Code metrics' programs run through the sandbox, under the reference's or the strict rules.
+
+The scorer (:mod:`alodlm_scoring.metrics`) decides *what* to run and validates the task; this
+module runs it in a :class:`~alodlm_scoring.sandbox.Sandbox` and turns the run's end into a
+verdict:
+
+* python_tests, reference rules: ``python -I check.py`` in the sandbox's working directory;
+  passes on exit status 0 within the timeout (SCORING.md §5.2);
+* python_tests, strict rules: the same ``check.py``, run by :data:`TESTS_HARNESS` (see
+  :mod:`alodlm_scoring.strict`); passes on exit status 0 *and* the run's one-time token;
+* evalplus, reference rules: evalplus's ``untrusted_check`` inside the sandbox (job
+  ``evalplus_check``), one run per suite, exactly the reference's call;
+* evalplus, strict rules: the program's outputs as plain data (job ``evalplus_outputs``),
+  compared here.
+
+A run that the sandbox could not start or lost (not the program's doing) raises
+:class:`SandboxFailure`: the worker reports it and the task is scored incorrect with that reason.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sys
+from typing import Any, Sequence
+
+from . import plaindata, strict
+
+__all__ = ["SandboxFailure", "TESTS_HARNESS", "python_tests", "evalplus_status",
+           "evalplus_outputs", "groundtruth", "SANDBOX_FAILURE_REASON"]
+
+SANDBOX_FAILURE_REASON = "code_sandbox_failure"
+# evalplus joins its checker for min(EVALPLUS_TIMEOUT_PER_TASK=60, sum of limits) + 3 s at most;
+# the run's own deadline leaves room for that and for the sandbox's start.
+_EVALPLUS_CAP_SECONDS = 60.0
+_EVALPLUS_SLACK_SECONDS = 10.0
+
+# Run as ``python -I -c TESTS_HARNESS <number of program statements>`` with the token on stdin,
+# in the directory holding check.py. It imports only the standard library.
+TESTS_HARNESS = r'''
+import ast as _ast, os as _os, sys as _sys, types as _types, __future__ as _future
+def _alodlm_harness():
+    token = _sys.stdin.buffer.read()
+    split = int(_sys.argv[1])
+    with open("check.py") as handle:
+        source = handle.read()
+    try:
+        tree = compile(source, "check.py", "exec", _ast.PyCF_ONLY_AST)
+    except BaseException:
+        _os._exit(1)
+    main = _types.ModuleType("__main__")
+    main.__file__ = _os.path.abspath("check.py")
+    main.__builtins__ = __builtins__
+    _sys.modules["__main__"] = main
+    _sys.argv = ["check.py"]
+    future_flags = 0
+    for part in (tree.body[:split], tree.body[split:]):
+        try:
+            code = compile(_ast.Module(body=part, type_ignores=[]), "check.py", "exec",
+                           future_flags, dont_inherit=True)
+            future_flags |= code.co_flags & _FUTURE_MASK
+            exec(code, main.__dict__)
+        except BaseException:
+            _os._exit(1)
+    _os.write(3, token)
+    _os.close(3)
+_FUTURE_MASK = 0
+for _name in _future.all_feature_names:
+    _FUTURE_MASK |= getattr(_future, _name).compiler_flag
+_alodlm_harness()
+'''
+
+
+class SandboxFailure(RuntimeError):
+    """The sandbox could not run a program (setup failed, the supervisor was lost)."""
+
+
+def _ended(result) -> None:
+    if result.status in ("setup_failed", "lost"):
+        raise SandboxFailure(f"sandbox {result.status}: {result.error or 'no detail'}")
+
+
+def python_tests(sandbox, program: str, tests: str, timeout: float, *, rules: str) -> bool:
+    """A python_tests verdict: check.py = program + blank line + tests (SCORING.md §5.2)."""
+    source = program + "\n\n" + tests + "\n"
+    python = sys.executable
+    if rules == "reference":
+        result = sandbox.run_command([python, "-I", "check.py"], timeout=timeout,
+                                     files={"check.py": source})
+        _ended(result)
+        return result.status == "exited" and result.code == 0
+    split = strict.tests_split(program, tests)
+    if split is None:
+        return False
+    token = secrets.token_hex(32).encode()
+    result = sandbox.run_command([python, "-I", "-c", TESTS_HARNESS, str(split)], timeout=timeout,
+                                 files={"check.py": source}, stdin=token)
+    _ended(result)
+    return result.status == "exited" and result.code == 0 and result.output == token
+
+
+def _limits_seconds(time_limits: Sequence[float]) -> float:
+    return min(_EVALPLUS_CAP_SECONDS, sum(time_limits))
+
+
+def evalplus_status(sandbox, *, dataset: str, program: str, inputs: list, entry_point: str,
+                    expected: list, atol: float, reference_seconds: list,
+                    min_time_limit: float, time_limit_factor: float) -> str:
+    """evalplus ``untrusted_check``'s status (``pass``, ``fail``, ``timeout``), in the sandbox."""
+    time_limits = [max(min_time_limit, time_limit_factor * t) for t in reference_seconds]
+    payload = {"dataset": dataset, "program": program, "inputs": inputs,
+               "entry_point": entry_point, "expected": expected, "atol": atol,
+               "reference_seconds": reference_seconds, "min_time_limit": min_time_limit,
+               "time_limit_factor": time_limit_factor}
+    result = sandbox.run_job("evalplus_check", payload,
+                             timeout=_limits_seconds(time_limits) + _EVALPLUS_SLACK_SECONDS)
+    _ended(result)
+    for line in result.output.splitlines():
+        try:
+            status = json.loads(line).get("status")
+        except (ValueError, AttributeError):
+            continue
+        if status in ("pass", "fail", "timeout"):
+            return status
+    return "fail"
+
+
+def evalplus_outputs(sandbox, *, program: str, entry_point: str, inputs: list,
+                     time_limits: Sequence[float]) -> list[strict.Output] | None:
+    """Strict rules: the program's output for each input as plain data, in input order, or
+    ``None`` when the program did not define the entry point, ran past the suite's overall
+    deadline (evalplus's), or wrote anything but well-formed results."""
+    payload = {"program": program, "entry_point": entry_point, "inputs": inputs,
+               "time_limits": list(time_limits)}
+    result = sandbox.run_job("evalplus_outputs", payload,
+                             timeout=_limits_seconds(time_limits) + 3.0)
+    _ended(result)
+    if result.status != "exited" or result.output_truncated:
+        return None
+    outputs: list[strict.Output] = []
+    done = False
+    for line in result.output.splitlines():
+        if done:
+            return None  # anything after the end is not ours
+        try:
+            record = json.loads(line)
+        except ValueError:
+            return None
+        if type(record) is not dict:
+            return None
+        if record.get("done") is True and len(record) == 1:
+            done = True
+            continue
+        if record.get("i") != len(outputs):
+            return None
+        if "out" in record:
+            try:
+                outputs.append((True, plaindata.decode(record["out"])))
+            except plaindata.Unrepresentable:
+                return None
+        elif record.get("error") in ("timeout", "exception", "unrepresentable"):
+            outputs.append((False, record["error"]))
+        else:
+            return None
+    return outputs if done and len(outputs) == len(inputs) else None
+
+
+def groundtruth(sandbox, *, program: str, entry_point: str, inputs: list, output_not_none: bool,
+                timeout: float) -> tuple[list[Any], list[float]]:
+    """evalplus's ``trusted_exec`` of a canonical solution in the sandbox: (outputs, seconds).
+
+    Raises ``RuntimeError`` naming the failure when the solution does not run."""
+    payload = {"program": program, "entry_point": entry_point, "inputs": inputs,
+               "output_not_none": output_not_none}
+    result = sandbox.run_job("groundtruth", payload, timeout=timeout)
+    _ended(result)
+    if result.status == "timeout":
+        raise RuntimeError(f"the canonical solution ran longer than {timeout:g} s")
+    try:
+        record = json.loads(result.output)
+    except ValueError:
+        raise RuntimeError(f"the canonical solution's run ended with {result.status} "
+                           f"{result.code if result.code is not None else result.signal}") from None
+    if "error" in record:
+        raise RuntimeError(f"the canonical solution failed: {record['error']}")
+    return [plaindata.decode(value) for value in record["outputs"]], [float(s) for s in record["seconds"]]

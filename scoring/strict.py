@@ -1,0 +1,119 @@
+"""Strict verdict rules for code metrics (SCORING.md D10), the parts that need no sandbox.
+
+``--code_verdicts=strict`` accepts only passes the program cannot have arranged:
+
+* **python_tests**: the tests must have run to their end. The worker checks that the test
+  program's own statements are the last statements of ``check.py`` (a program that swallows
+  them into an unclosed string or block fails), the harness runs the program's statements and
+  then the tests' statements in one ``__main__`` namespace, and writes a one-time token on its
+  result pipe only when both ran without an exception or an exit; a pass needs that token and
+  exit status 0 (an early ``sys.exit(0)``, ``os._exit(0)`` or an excepthook cannot pass).
+  Limit: the program and its tests share one interpreter by design, so a program that searches
+  its own process's memory for the token can still forge the end of the tests.
+* **evalplus**: the program's process never receives the expected outputs; it returns each
+  output as plain data (:mod:`alodlm_scoring.plaindata`) and :func:`evalplus_passes` compares
+  them here, with evalplus 0.3.1's rules (exact match, its special oracles, its float
+  tolerance), so no ``__eq__`` of the program's objects is ever called. For HumanEval's
+  ``find_zero`` the residual of the returned root is computed here too, against the task's own
+  (unmodified) coefficients.
+
+Honest programs get the reference's verdicts under these rules.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Any, Sequence
+
+__all__ = ["tests_split", "evalplus_passes", "root_residual_outputs", "Output"]
+
+# (True, value) for a returned value; (False, reason) for a timeout, an exception or a value
+# that could not travel as plain data.
+Output = tuple
+
+
+def tests_split(program: str, tests: str) -> int | None:
+    """The number of ``check.py`` statements before the tests', or ``None`` when the tests are
+    not intact (``check.py`` does not parse, or its last statements are not exactly the tests'
+    own statements)."""
+    try:
+        combined = ast.parse(program + "\n\n" + tests + "\n")
+        alone = ast.parse(tests + "\n")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    split = len(combined.body) - len(alone.body)
+    if split < 0:
+        return None
+    dump = ast.dump
+    for mine, theirs in zip(combined.body[split:], alone.body):
+        if dump(mine) != dump(theirs):
+            return None
+    return split
+
+
+def root_residual_outputs(inputs: Sequence[Sequence[Any]], outputs: Sequence[Output],
+                          atol: float) -> list[Output]:
+    """HumanEval ``find_zero``: each returned root becomes ``|poly(xs, root)| <= atol``, the
+    value the reference's residual wrapper returns (an exception fails that input)."""
+    from evalplus.eval._special_oracle import _poly
+
+    checked: list[Output] = []
+    for arguments, (ok, root) in zip(inputs, outputs):
+        if not ok:
+            checked.append((False, root))
+            continue
+        try:
+            checked.append((True, abs(_poly(*arguments, root)) <= atol))
+        except Exception:  # noqa: BLE001 - as the wrapper raising in the program's process
+            checked.append((False, "exception"))
+    return checked
+
+
+def evalplus_passes(dataset: str, entry_point: str, inputs: Sequence[Sequence[Any]],
+                    outputs: Sequence[Output], expected: Sequence[Any], atol: float) -> bool:
+    """evalplus 0.3.1's per-input comparison (``unsafe_execute``) on plain-data outputs.
+
+    A suite passes when every input has an output that matches; the first mismatch decides.
+    """
+    import numpy as np
+    from evalplus.eval import is_floats
+    from evalplus.eval._special_oracle import (MBPP_OUTPUT_NOT_NONE_TASKS,
+                                                MBPP_OUTPUT_SET_EQ_TASKS, _digit_distance_nums,
+                                                _surface_Area)
+
+    if len(outputs) != len(inputs):
+        return False
+    for index, arguments in enumerate(inputs):
+        ok, out = outputs[index]
+        if not ok:
+            return False
+        try:
+            exp = expected[index]
+            exact_match = out == exp
+            if dataset == "mbpp":
+                if entry_point == "are_equivalent":
+                    exact_match = True
+                elif entry_point == "sum_div":
+                    exact_match = exact_match or out == 0
+                elif entry_point == "surface_Area":
+                    exact_match = exact_match or abs(out - _surface_Area(*arguments)) <= atol
+                elif entry_point == "digit_distance_nums":
+                    exact_match = exact_match or out == _digit_distance_nums(*arguments)
+                elif entry_point in MBPP_OUTPUT_SET_EQ_TASKS:
+                    exact_match = set(out) == set(exp)
+                elif entry_point in MBPP_OUTPUT_NOT_NONE_TASKS:
+                    exact_match = out == exp if isinstance(out, bool) else exp == (out is not None)
+            if atol == 0 and is_floats(exp):
+                atol = 1e-6
+            if not exact_match and atol != 0:
+                if type(out) != type(exp):  # noqa: E721 - evalplus compares types exactly
+                    return False
+                if isinstance(exp, (list, tuple)) and len(out) != len(exp):
+                    return False
+                if not np.allclose(out, exp, rtol=1e-07, atol=atol):
+                    return False
+            elif not exact_match:
+                return False
+        except Exception:  # noqa: BLE001 - evalplus counts any exception as a failed input
+            return False
+    return True
