@@ -158,7 +158,9 @@ def evalplus_outputs(sandbox, *, program: str, entry_point: str, inputs: list,
                 outputs.append((True, plaindata.decode(record["out"])))
             except plaindata.Unrepresentable:
                 return None
-        elif record.get("error") in ("timeout", "exception", "unrepresentable"):
+        elif record.get("opaque") is True:
+            outputs.append((True, strict.OPAQUE))
+        elif record.get("error") in ("timeout", "exception"):
             outputs.append((False, record["error"]))
         else:
             return None

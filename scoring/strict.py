@@ -13,11 +13,13 @@
 * **evalplus**: the program's process never receives the expected outputs; it returns each
   output as plain data (:mod:`alodlm_scoring.plaindata`) and :func:`evalplus_passes` compares
   them here, with evalplus 0.3.1's rules (exact match, its special oracles, its float
-  tolerance), so no ``__eq__`` of the program's objects is ever called. For HumanEval's
+  tolerance), so no ``__eq__`` of the program's objects is ever called; a value that is not
+  plain data arrives as :data:`OPAQUE` (not None, not a bool, equal to nothing else). For HumanEval's
   ``find_zero`` the residual of the returned root is computed here too, against the task's own
   (unmodified) coefficients.
 
-Honest programs get the reference's verdicts under these rules.
+Honest programs get the reference's verdicts under these rules, except a test program that
+itself calls ``sys.exit``: it does not run to its end, so under strict rules it cannot pass.
 """
 
 from __future__ import annotations
@@ -25,11 +27,25 @@ from __future__ import annotations
 import ast
 from typing import Any, Sequence
 
-__all__ = ["tests_split", "evalplus_passes", "root_residual_outputs", "Output"]
+__all__ = ["tests_split", "evalplus_passes", "root_residual_outputs", "Output", "OPAQUE"]
 
-# (True, value) for a returned value; (False, reason) for a timeout, an exception or a value
-# that could not travel as plain data.
+# (True, value) for a returned value; (False, reason) for a timeout or an exception.
 Output = tuple
+
+
+class _Opaque:
+    """A returned value that is not plain data (a regex match, a generator, an object of the
+    program's own class). It is not None and not a bool, and equals nothing but itself, which
+    is all evalplus's rules can observe of such a value without calling its methods (MBPP's
+    "output is not None" tasks return regex matches)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<opaque value>"
+
+
+OPAQUE = _Opaque()
 
 
 def tests_split(program: str, tests: str) -> int | None:

@@ -8,7 +8,7 @@ does this: the evaluator scores code in fresh interpreters (``alodlm_scoring.iso
 
 from __future__ import annotations
 
-_RUN_FIRST = ("tests/scoring/", "tests/evaluation/")
+_RUN_FIRST = ("tests/scoring/", "tests/evaluation/", "tests/sandbox/")
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -51,7 +51,7 @@ def evalplus_check(payload: dict, context: JobContext) -> None:
 
     def isolate_checker() -> None:  # in evalplus's forked checker, before the program runs
         os.close(result_fd)
-        nested_landlock(context.read_paths, context.workdir)
+        nested_landlock(context)
 
     os.register_at_fork(after_in_child=isolate_checker)
     status, _ = untrusted_check(
@@ -64,9 +64,10 @@ def evalplus_check(payload: dict, context: JobContext) -> None:
 
 
 def evalplus_outputs(payload: dict, context: JobContext) -> None:
-    """Strict rules: execute as evalplus does, write ``{"i": i, "out": <plain data>}`` or
-    ``{"i": i, "error": "timeout" | "exception" | "unrepresentable"}`` per input, then
-    ``{"done": true}``; ``{"setup": "failed"}`` when the program or its entry point fails."""
+    """Strict rules: execute as evalplus does, write ``{"i": i, "out": <plain data>}``,
+    ``{"i": i, "opaque": true}`` (a value that is not plain data, such as a regex match) or
+    ``{"i": i, "error": "timeout" | "exception"}`` per input, then ``{"done": true}``;
+    ``{"setup": "failed"}`` when the program or its entry point fails."""
     write_line = _line
     dumps = plaindata.dumps
     fd = context.result_fd
@@ -98,7 +99,7 @@ def evalplus_outputs(payload: dict, context: JobContext) -> None:
             try:
                 encoded = dumps(output)
             except BaseException:  # noqa: BLE001 - Unrepresentable, or the program's sabotage
-                write_line(fd, f'{{"i": {index}, "error": "unrepresentable"}}')
+                write_line(fd, f'{{"i": {index}, "opaque": true}}')
                 continue
             write_line(fd, f'{{"i": {index}, "out": {encoded}}}')
         write_line(fd, '{"done": true}')

@@ -18,6 +18,7 @@ from typing import Iterable
 __all__ = [
     "CLONE_NEWNS", "CLONE_NEWIPC", "CLONE_NEWUSER", "CLONE_NEWPID", "CLONE_NEWNET",
     "unshare", "map_to_root", "make_mounts_private", "make_mounts_read_only", "mount_tmpfs",
+    "bind_mount", "remount_read_only", "pivot_to",
     "mount_proc", "set_parent_death_signal", "set_no_new_privs", "set_dumpable",
     "set_child_subreaper", "drop_capabilities", "hard_limits", "close_fds_except",
     "kill_children",
@@ -111,15 +112,15 @@ class _MountAttr(ctypes.Structure):
                 ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
 
 
-def make_mounts_read_only() -> None:
-    """Every mount of this mount namespace becomes read-only (files, permissions, timestamps).
+def make_mounts_read_only(target: str = "/") -> None:
+    """Every mount at or below ``target`` becomes read-only (files, permissions, timestamps).
 
     ``mount_setattr(AT_RECURSIVE)`` (Linux 5.12); on older kernels each mount of
-    ``/proc/self/mountinfo`` is remounted read-only, deepest first.
+    ``/proc/self/mountinfo`` at or below ``target`` is remounted read-only, deepest first.
     """
     attr = _MountAttr(_MOUNT_ATTR_RDONLY, 0, 0, 0)
-    result = _c().syscall(ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_int(_AT_FDCWD), b"/",
-                          ctypes.c_uint(_AT_RECURSIVE), ctypes.byref(attr),
+    result = _c().syscall(ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_int(_AT_FDCWD),
+                          target.encode(), ctypes.c_uint(_AT_RECURSIVE), ctypes.byref(attr),
                           ctypes.c_size_t(ctypes.sizeof(attr)))
     if result == 0:
         return
@@ -127,11 +128,39 @@ def make_mounts_read_only() -> None:
         _check(result, "mount_setattr")
     with open("/proc/self/mountinfo") as handle:
         points = [line.split()[4].replace("\\040", " ") for line in handle]
+    prefix = target.rstrip("/") + "/"
     for point in sorted(set(points), key=len, reverse=True):
-        try:
+        if point == target or point.startswith(prefix) or target == "/":
             _mount(None, point, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY)
-        except OSError:
-            pass
+
+
+def remount_read_only(target: str) -> None:
+    """The one mount at ``target`` (not those below it) becomes read-only."""
+    _mount(None, target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY)
+
+
+def bind_mount(source: str, target: str) -> None:
+    """``source`` (and the mounts below it) also at ``target``, read-only."""
+    _mount(source, target, None, _MS_BIND | _MS_REC)
+    make_mounts_read_only(target)
+
+
+# pivot_root has no C library wrapper; its number differs between architectures.
+_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "ppc64": 203,
+                   "s390x": 217, "armv7l": 218, "i686": 217}
+_MNT_DETACH = 2
+
+
+def pivot_to(new_root: str) -> None:
+    """Make the mount at ``new_root`` this mount namespace's root; the old root is detached
+    (nothing of it stays reachable)."""
+    number = _SYS_PIVOT_ROOT.get(os.uname().machine)
+    if number is None:
+        raise OSError(errno.ENOSYS, f"pivot_root: unknown system call number on {os.uname().machine}")
+    os.chdir(new_root)
+    _check(_c().syscall(ctypes.c_long(number), b".", b"."), "pivot_root")
+    _check(_c().umount2(b".", ctypes.c_int(_MNT_DETACH)), "umount2(old root)")
+    os.chdir("/")
 
 
 def mount_tmpfs(target: str, size_bytes: int, mode: int = 0o700) -> None:
@@ -140,9 +169,9 @@ def mount_tmpfs(target: str, size_bytes: int, mode: int = 0o700) -> None:
            f"size={int(size_bytes)},mode={mode:o}")
 
 
-def mount_proc() -> None:
+def mount_proc(target: str = "/proc") -> None:
     """A read-only ``/proc`` of the current pid namespace (it shows only the sandbox)."""
-    _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_RDONLY)
+    _mount("proc", target, "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_RDONLY)
 
 
 def _prctl(option: int, arg: int = 0, call: str = "prctl") -> None:

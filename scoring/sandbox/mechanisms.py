@@ -9,9 +9,13 @@
 ``pid-namespace``              the program sees only its own processes; all die with the run
 ``network-namespace``          no network interface at all (not even the machine's loopback)
 ``ipc-namespace``              no System V IPC or POSIX message queue shared with the machine
-``read-only-filesystem``       every mount read-only: no file, permission or timestamp changes
+``minimal-root``               the filesystem is a fresh tree holding only the allowed paths,
+                               read-only: the machine's sockets, secrets and file names are not
+                               in it; ``/tmp`` is private
+``read-only-filesystem``       (where no minimal root can be built) every mount read-only
 ``private-workdir``            the working directory is a fresh size-bounded tmpfs
 ``private-dev-shm``            ``/dev/shm`` is a fresh size-bounded tmpfs
+``private-tmp``                ``/tmp`` is a fresh size-bounded tmpfs (in a minimal root)
 ``private-run``                ``/run`` (sockets of the machine's services) is hidden
 ``private-proc``               ``/proc`` shows only the sandbox's processes
 ``closed-file-descriptors``    only stdin, stdout, stderr and the result pipe are open
@@ -43,13 +47,13 @@ __all__ = ["ALL", "ALLOWED_VARIABLES", "read_paths", "environment", "ordered", "
 
 ALL = (
     "user-namespace", "mount-namespace", "pid-namespace", "network-namespace", "ipc-namespace",
-    "read-only-filesystem", "private-workdir", "private-dev-shm", "private-run", "private-proc",
+    "minimal-root", "read-only-filesystem", "private-workdir", "private-dev-shm", "private-tmp", "private-run", "private-proc",
     "closed-file-descriptors", "hard-rlimits", "no-new-privileges", "capabilities-dropped",
     "landlock-filesystem", "landlock-ptrace-scope", "landlock-tcp", "landlock-signal-scope",
     "landlock-abstract-unix-scope", "environment-allowlist",
 )
 # Mechanisms a machine may legitimately lack without it being a gap worth a warning.
-_OPTIONAL = {"capabilities-dropped", "private-run"}
+_OPTIONAL = {"capabilities-dropped", "private-run", "private-tmp"}
 
 # Variables a program may see (their values are copied from the worker's environment).
 ALLOWED_VARIABLES = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_NUMERIC", "LC_TIME",
@@ -111,4 +115,6 @@ def ordered(names: Iterable[str]) -> list[str]:
 def missing(found: Iterable[str]) -> list[str]:
     """The mechanisms of :data:`ALL` not in ``found`` (not allowed here, or disabled)."""
     found = set(found)
+    if "minimal-root" in found:  # there is no /run in it at all
+        found |= {"private-run"}
     return [name for name in ALL if name not in found and name not in _OPTIONAL]

@@ -59,11 +59,11 @@ class Limits:
     """Hard limits of a run's processes (each per process, except the tmpfs sizes)."""
 
     address_space_bytes: int = 4 * 1024**3
-    file_size_bytes: int = 1024**3
+    file_size_bytes: int = 512 * 1024**2
     open_files: int = 1024
     processes: int = 512  # enforced by the kernel for non-root users only
     core_bytes: int = 0
-    workdir_bytes: int = 1024**3
+    workdir_bytes: int = 512 * 1024**2
     shm_bytes: int = 256 * 1024**2
 
 
@@ -90,6 +90,7 @@ class Run:
     files: Mapping[str, str] = dataclasses.field(default_factory=dict)
     stdin: bytes = b""
     private_workdir: bool = True  # mount a tmpfs on workdir (when a mount namespace exists)
+    root: str = ""  # an empty directory where the minimal root is built (set by the zygote)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +98,7 @@ class JobContext:
     """What a job (a function run in the program process) knows of its sandbox."""
 
     read_paths: tuple[str, ...]
-    workdir: str
+    write_paths: tuple[str, ...]
     result_fd: int
 
 
@@ -268,19 +269,72 @@ def _enter_namespaces(applied: list[str], policy: Policy) -> set[str]:
 def _prepare_filesystem(run: Run, policy: Policy, applied: list[str], entered: set[str]) -> None:
     if "mount-namespace" in entered:
         linux.make_mounts_private()
-        _attempt(applied, policy, "read-only-filesystem", linux.make_mounts_read_only)
-        limits = policy.limits
-        if run.private_workdir:
-            _attempt(applied, policy, "private-workdir",
-                     lambda: linux.mount_tmpfs(run.workdir, limits.workdir_bytes))
-        _attempt(applied, policy, "private-dev-shm",
-                 lambda: linux.mount_tmpfs("/dev/shm", limits.shm_bytes, 0o1777))
-        if os.path.isdir("/run"):
-            _attempt(applied, policy, "private-run", lambda: linux.mount_tmpfs("/run", 1 << 20, 0o755))
+        if not _attempt(applied, policy, "minimal-root",
+                        lambda: _minimal_root(run, policy, entered, applied)):
+            _readonly_machine_root(run, policy, applied, entered)
     for name, text in run.files.items():
         with open(os.path.join(run.workdir, name), "w") as handle:
             handle.write(text)
     os.makedirs(os.path.join(run.workdir, "tmp"), exist_ok=True)
+
+
+def _minimal_root(run: Run, policy: Policy, entered: set[str], mechanisms: list[str]) -> None:
+    """Build a fresh root holding only the allowed paths (read-only binds at their own
+    absolute paths), private tmpfs's for ``/tmp``, ``/dev/shm`` and the working directory, and
+    pivot into it: the rest of the machine (its sockets, its secrets, even its file names) is
+    not in the program's filesystem at all."""
+    root = run.root
+    limits = policy.limits
+    linux.mount_tmpfs(root, 16 * 1024**2, 0o755)
+    bound: list[str] = []
+    for path in sorted(set(policy.read_paths), key=lambda item: (item.count("/"), item)):
+        if path == "/proc" or any(path == done or path.startswith(done.rstrip("/") + "/")
+                                  for done in bound):
+            continue
+        if not os.path.lexists(path):
+            continue
+        target = root + path
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if os.path.islink(path):
+            if not os.path.lexists(target):
+                os.symlink(os.readlink(path), target)
+            continue
+        if os.path.isdir(path):
+            os.makedirs(target, exist_ok=True)
+        else:
+            open(target, "a").close()
+        linux.bind_mount(path, target)
+        bound.append(path)
+    os.makedirs(root + "/proc", exist_ok=True)
+    if "pid-namespace" in entered:  # its own /proc (the machine's is still visible here)
+        _attempt(mechanisms, policy, "private-proc", lambda: linux.mount_proc(root + "/proc"))
+    if "private-proc" not in mechanisms:  # the machine's, read-only
+        linux.bind_mount("/proc", root + "/proc")
+    for path, size, mode in (("/tmp", limits.shm_bytes, 0o1777), ("/dev/shm", limits.shm_bytes, 0o1777)):
+        os.makedirs(root + path, exist_ok=True)
+        linux.mount_tmpfs(root + path, size, mode)
+    os.makedirs(root + run.workdir, exist_ok=True)
+    linux.mount_tmpfs(root + run.workdir, limits.workdir_bytes)
+    linux.remount_read_only(root)
+    linux.pivot_to(root)
+    mechanisms.extend(["read-only-filesystem", "private-workdir", "private-dev-shm", "private-tmp"])
+
+
+def _readonly_machine_root(run: Run, policy: Policy, applied: list[str],
+                           entered: set[str]) -> None:
+    """Where a new root cannot be built: the machine's mounts, all read-only, with private
+    tmpfs's on the working directory, ``/dev/shm`` and ``/run``."""
+    limits = policy.limits
+    _attempt(applied, policy, "read-only-filesystem", linux.make_mounts_read_only)
+    if run.private_workdir:
+        _attempt(applied, policy, "private-workdir",
+                 lambda: linux.mount_tmpfs(run.workdir, limits.workdir_bytes))
+    _attempt(applied, policy, "private-dev-shm",
+             lambda: linux.mount_tmpfs("/dev/shm", limits.shm_bytes, 0o1777))
+    if os.path.isdir("/run"):
+        _attempt(applied, policy, "private-run", lambda: linux.mount_tmpfs("/run", 1 << 20, 0o755))
+    if "pid-namespace" in entered:
+        _attempt(applied, policy, "private-proc", linux.mount_proc)
 
 
 def _supervise(run: Run, policy: Policy, jobs: Mapping[str, Callable], zygote: int,
@@ -294,7 +348,6 @@ def _supervise(run: Run, policy: Policy, jobs: Mapping[str, Callable], zygote: i
             os._exit(71)
         _default_signals()
         entered = _enter_namespaces(applied, policy)
-        _prepare_filesystem(run, policy, applied, entered)
         if "pid-namespace" not in entered:
             linux.set_child_subreaper()
         control_read, control_write = os.pipe()
@@ -396,16 +449,14 @@ def _init(run: Run, policy: Policy, jobs: Mapping[str, Callable], entered: set[s
     linux.set_parent_death_signal()
     if os.getppid() != supervisor:
         os._exit(71)
-    mechanisms = []
-    if {"pid-namespace", "mount-namespace"} <= entered:
-        try:
-            linux.mount_proc()
-            mechanisms.append("private-proc")
-        except OSError as error:
-            if "private-proc" in policy.required:
-                _report(control_write, setup_error=f"private-proc: {error}")
-                os._exit(0)
-    else:
+    mechanisms: list[str] = []
+    try:  # here, not in the supervisor: only a process of the new pid namespace can mount its /proc
+        _prepare_filesystem(run, policy, mechanisms, entered)
+    except BaseException as error:  # noqa: BLE001 - reported; the program never starts
+        _report(control_write, setup_error=str(error) if isinstance(error, _SetupFailed)
+                else f"filesystem: {type(error).__name__}: {error}", applied=mechanisms)
+        os._exit(0)
+    if "pid-namespace" not in entered:
         linux.set_child_subreaper()
     linux.set_dumpable(False)
     program = os.fork()
@@ -492,7 +543,8 @@ def _program(run: Run, policy: Policy, jobs: Mapping[str, Callable], mechanisms:
     os.environ.update(environment)
     tempfile.tempdir = environment["TMPDIR"]  # the zygote's cached choice is not ours
     try:
-        jobs[run.job](run.payload, JobContext(policy.read_paths, run.workdir, RESULT_FD))
+        jobs[run.job](run.payload, JobContext(policy.read_paths, tuple(write_paths(run.workdir, mechanisms)),
+                                              RESULT_FD))
     except BaseException:  # noqa: BLE001 - the job's own failure: the verdict reads the output
         os._exit(1)
     os._exit(0)
@@ -506,11 +558,15 @@ def _fd_open(fd: int) -> bool:
         return False
 
 
-def write_paths(workdir: str) -> list[str]:
+def write_paths(workdir: str, mechanisms: Sequence[str]) -> list[str]:
     """Where a sandboxed program may write: its working directory (with its temporary
-    directory), the harmless devices, and ``/dev/shm`` (multiprocessing's semaphores; a private
-    tmpfs when a mount namespace exists, else the machine's)."""
-    return [workdir, os.devnull, "/dev/zero", "/dev/full", "/dev/shm"]
+    directory), the harmless devices, ``/dev/shm`` (multiprocessing's semaphores; a private
+    tmpfs when a mount namespace exists, else the machine's) and, in a minimal root, its
+    private ``/tmp``."""
+    paths = [workdir, os.devnull, "/dev/zero", "/dev/full", "/dev/shm"]
+    if "minimal-root" in mechanisms:
+        paths.append("/tmp")
+    return paths
 
 
 def _apply_landlock(run: Run, policy: Policy, mechanisms: list[str]) -> None:
@@ -522,7 +578,7 @@ def _apply_landlock(run: Run, policy: Policy, mechanisms: list[str]) -> None:
             raise _SetupFailed("landlock: not available")
         return
     try:
-        landlock.restrict(policy.read_paths, write_paths(run.workdir), abi=abi)
+        landlock.restrict(policy.read_paths, write_paths(run.workdir, mechanisms), abi=abi)
     except OSError as error:
         if policy.required & set(landlock.features(1)):
             raise _SetupFailed(f"landlock: {error}") from None
@@ -530,9 +586,9 @@ def _apply_landlock(run: Run, policy: Policy, mechanisms: list[str]) -> None:
     mechanisms.extend(landlock.features(abi))
 
 
-def nested_landlock(read_paths: Sequence[str], workdir: str) -> None:
+def nested_landlock(context: JobContext) -> None:
     """Called in a process forked inside the sandbox: a nested Landlock domain with the same
     rules, so the forked process can no longer signal or trace the one that forked it."""
     abi = landlock.abi_version()
     if abi >= 1:
-        landlock.restrict(read_paths, write_paths(workdir), abi=abi)
+        landlock.restrict(context.read_paths, context.write_paths, abi=abi)

@@ -68,7 +68,6 @@ class Zygote:
         self.limits = limits
         self.mechanisms: tuple[str, ...] = ()
         self.missing: tuple[str, ...] = ()
-        self.private_workdir = False
         self._sock: socket.socket | None = None
         self._pid: int | None = None
         self._runs = 0
@@ -102,7 +101,6 @@ class Zygote:
             raise ZygoteError(hello["error"])
         self.mechanisms = tuple(hello["mechanisms"])
         self.missing = tuple(hello["missing"])
-        self.private_workdir = "private-workdir" in self.mechanisms
         return self
 
     def run(self, run: Run) -> Result:
@@ -161,9 +159,11 @@ def _serve(sock: socket.socket, worker: int, scratch: str, disabled: frozenset[s
                                   f"{type(error).__name__}: {error}"})
         finally:
             return
-    private = "private-workdir" in found
+    private = "private-workdir" in found or "minimal-root" in found
     mountpoint = os.path.join(scratch, "run")
+    root = os.path.join(scratch, "root")
     os.makedirs(mountpoint, exist_ok=True)
+    os.makedirs(root, exist_ok=True)
     count = 0
     while True:
         try:
@@ -174,7 +174,7 @@ def _serve(sock: socket.socket, worker: int, scratch: str, disabled: frozenset[s
         workdir = mountpoint if private else os.path.join(scratch, f"run-{count}")
         if not private:
             os.makedirs(workdir)
-        run = dataclasses.replace(run, workdir=workdir)
+        run = dataclasses.replace(run, workdir=workdir, root=root)
         try:
             result = execute(run, policy, jobs.JOBS)
         except BaseException as error:  # noqa: BLE001
@@ -191,10 +191,12 @@ def _serve(sock: socket.socket, worker: int, scratch: str, disabled: frozenset[s
 def _probe(policy: Policy, jobs: dict, scratch: str, execute) -> list[str]:
     """One best-effort run of the probe job; the mechanisms it applied become required."""
     workdir = tempfile.mkdtemp(prefix="probe-", dir=scratch)
+    root = tempfile.mkdtemp(prefix="probe-root-", dir=scratch)
     try:
-        result = execute(Run(timeout=60.0, workdir=workdir, job="probe"), policy, jobs)
+        result = execute(Run(timeout=60.0, workdir=workdir, job="probe", root=root), policy, jobs)
     finally:
         _remove_tree(workdir)
+        _remove_tree(root)
     if result.status != "exited" or result.code != 0 or b'"probe": "ok"' not in result.output:
         raise RuntimeError(f"the sandbox probe run failed ({result.status}"
                            f"{': ' + result.error if result.error else ''})")

@@ -1,5 +1,7 @@
-"""Hostile generated programs: each scores False within its limit, the evaluator survives, and no
-process of the task remains afterwards (SCORING.md §5.5).
+"""Hostile generated programs WITHOUT the code sandbox (``code_sandbox="off"``, the reference's
+way of running code): each scores False within its limit, the evaluator survives, and no process
+of the task remains afterwards (SCORING.md §5.5). The sandboxed equivalents, and many more, are in
+tests/sandbox/.
 
 Every process a task starts inherits a unique marker through its environment (the workers get
 the evaluator's environment), so psutil can find anything that escaped.
@@ -99,7 +101,8 @@ def test_hostile_programs_score_false_and_leave_nothing_behind(tmp_path, monkeyp
     tasks_path, predictions_path = suites.write_suite(tmp_path, pairs)
 
     started = time.monotonic()
-    summary = evaluation.rescore(tasks_path, predictions_path, tmp_path / "out", workers=2)
+    summary = evaluation.rescore(tasks_path, predictions_path, tmp_path / "out", workers=2,
+                                 code_sandbox="off")
     elapsed = time.monotonic() - started
 
     rows = [json.loads(line) for line in (tmp_path / "out" / "predictions.jsonl").read_text().splitlines()]
@@ -126,3 +129,40 @@ def test_hostile_programs_score_false_and_leave_nothing_behind(tmp_path, monkeyp
     assert escaped == []
     assert glob.glob(os.path.join(temporary, "alodlm-scoring-*", f"**/*{marker}*"),
                      recursive=True) == []
+
+
+FORGE = (
+    "import os\n"
+    "def identity(x):\n    return 0\n"
+    "parent = os.getppid()\n"
+    "for fd in os.listdir('/proc/%d/fd' % parent):\n"
+    "    try:\n"
+    "        with open('/proc/%d/fd/%s' % (parent, fd), 'w') as f:\n"
+    "            f.write(LINE)\n"
+    "    except OSError:\n"
+    "        pass\n"
+)
+
+
+def test_a_forged_or_garbage_reply_is_a_recorded_failure_and_the_run_goes_on(tmp_path):
+    """Without the sandbox a program can reach its worker's reply pipe; the nonce catches it:
+    the task is scored incorrect with a recorded reason, the worker is replaced, and every
+    later verdict is its own."""
+    forged = '{"nonce": null, "verdict": [true, null]}\n[true, null]\n'
+    pairs = [
+        (suites.python_task("forged"), "```python\n" + FORGE.replace("LINE", repr(forged)) + "```"),
+        (suites.python_task("after_forged_pass"), suites.identity_code("x")),
+        (suites.python_task("after_forged_fail"), suites.identity_code("0")),
+        (suites.python_task("garbage"), "```python\n" + FORGE.replace("LINE", repr("not json\n")) + "```"),
+        (suites.python_task("after_garbage_pass"), suites.identity_code("x")),
+        (suites.python_task("after_garbage_fail"), suites.identity_code("0")),
+    ]
+    tasks_path, predictions_path = suites.write_suite(tmp_path, pairs)
+    summary = evaluation.rescore(tasks_path, predictions_path, tmp_path / "out", workers=1,
+                                 code_sandbox="off")
+    rows = [json.loads(line) for line in (tmp_path / "out" / "predictions.jsonl").read_text().splitlines()]
+    assert [row["correct"] for row in rows] == [False, True, False, False, True, False]
+    assert summary["protocol"]["scoring_failures"] == [
+        {"benchmark": "mbpp", "id": "forged", "reason": "code_scoring_protocol_error"},
+        {"benchmark": "mbpp", "id": "garbage", "reason": "code_scoring_protocol_error"},
+    ]

@@ -1,5 +1,10 @@
-"""Code metrics in the current process: SCORING.md §10.1 rows 12-18 (and 20/21 in-process), §11.3,
-the §2.3 validation errors, and the sandbox hygiene of python_tests (process group, address space).
+"""Code metrics: SCORING.md §10.1 rows 12-18 (and 20/21 in-process), §11.3, the §2.3 validation
+errors, and the hygiene of unsandboxed python_tests (process group, address space).
+
+The verdict tables run three ways (the ``code_score`` fixture): in this process without the
+sandbox (the reference's way), and in a scoring worker with the code sandbox under the reference's
+and under the strict rules (SCORING.md D10). Every verdict must be the same, except where the
+strict rules decide otherwise on purpose (a test program that exits itself).
 
 evalplus cases fork a child each (about 0.1 s, 1 s for the time-limit case), so they stay limited
 to the table rows; python_tests timeouts are kept small.
@@ -17,6 +22,7 @@ import pytest
 
 from alodlm_scoring import metrics
 from alodlm_scoring.extract import extract_program
+from alodlm_scoring.isolation import ScoringPool
 from alodlm_scoring.metrics import run_python_tests, score
 
 FENCE = "```"
@@ -28,6 +34,35 @@ def _evalplus_default_task_cap(monkeypatch):
     """evalplus 0.3.1 crashes when EVALPLUS_TIMEOUT_PER_TASK is set (SCORING.md §5.4); the
     evaluator removes it from its workers (D3). Keep these in-process tests independent of it."""
     monkeypatch.delenv("EVALPLUS_TIMEOUT_PER_TASK", raising=False)
+
+
+SCORERS = ("in-process", "sandboxed", "sandboxed-strict")
+
+
+@pytest.fixture(scope="module")
+def _sandboxed_pools():
+    pools = {"sandboxed": ScoringPool(1, rules="reference"),
+             "sandboxed-strict": ScoringPool(1, rules="strict")}
+    yield pools
+    for pool in pools.values():
+        pool.close()
+
+
+@pytest.fixture(params=SCORERS)
+def code_score(request, _sandboxed_pools):
+    """``score`` for one of the three ways of running code; ``.rules`` names the rule set."""
+    if request.param == "in-process":
+        function = score
+    else:
+        pool = _sandboxed_pools[request.param]
+
+        def function(record, generation):
+            outcome = pool.score(record, generation)
+            assert outcome.failure is None
+            return outcome.correct, outcome.extracted
+
+    function.rules = "strict" if request.param.endswith("strict") else "reference"
+    return function
 
 
 def python_tests_record(tests=IDENTITY_TESTS, **extra):
@@ -69,8 +104,8 @@ IDENTITY = evalplus_record("identity", [suite([[3]], [3])])
     ],
     ids=["12-fenced", "13-wrong", "14-timeout", "15-root", "16-no-root", "17-identity", "18-wrong"],
 )
-def test_reference_code_tests(record, generation, correct):
-    assert score(record, generation) == (correct, None)
+def test_reference_code_tests(record, generation, correct, code_score):
+    assert code_score(record, generation) == (correct, None)
 
 
 def test_python_tests_timeout_is_enforced_quickly():
@@ -112,28 +147,29 @@ F_TESTS = "assert f(2) == 2"
     ],
     ids=["python3-tag", "Python-tag", "py-same-line", "unclosed-fence", "no-def", "D2-prefix"],
 )
-def test_code_extraction_cases(generation, prefix, program, correct):
+def test_code_extraction_cases(generation, prefix, program, correct, code_score):
     assert extract_program(generation, prefix) == program
     record = python_tests_record(F_TESTS, function_prefix=prefix)
-    assert score(record, generation) == (correct, None)
+    assert code_score(record, generation) == (correct, None)
 
 
-def test_python3_tag_on_its_own_line_leaves_a_harmless_3():
+def test_python3_tag_on_its_own_line_leaves_a_harmless_3(code_score):
     """§11.3 says a ``python3`` fence "starts with 3 -> fails". The extraction part holds, but when
     the tag is on its own line the leftover ``3`` is a valid expression statement, so the program
     still runs (the same happens in the reference, whose fence regex is identical)."""
     generation = f"{FENCE}python3\ndef f(x):\n    return x\n{FENCE}"
     assert extract_program(generation) == "3\ndef f(x):\n    return x"
-    assert score(python_tests_record(F_TESTS), generation) == (True, None)
+    assert code_score(python_tests_record(F_TESTS), generation) == (True, None)
 
 
-def test_last_fence_with_def_is_chosen():
+def test_last_fence_with_def_is_chosen(code_score):
     generation = (
         f"<think>{FENCE}python\ndef wrong(): pass\n{FENCE}</think>"
         f"{FENCE}python\ndef right(): pass\n{FENCE}\n{FENCE}python\nprint(right())\n{FENCE}"
     )
     assert extract_program(generation) == "def right(): pass"
-    assert score(python_tests_record("right()\nassert 'wrong' not in globals()"), generation) == (True, None)
+    record = python_tests_record("right()\nassert 'wrong' not in globals()")
+    assert code_score(record, generation) == (True, None)
 
 
 def test_d2_documents_the_reference_behaviour():
@@ -145,9 +181,11 @@ def test_d2_documents_the_reference_behaviour():
 
 
 @pytest.mark.parametrize("status, correct", [(3, False), (0, True)])
-def test_exit_status_decides(status, correct):
+def test_exit_status_decides(status, correct, code_score):
     record = python_tests_record(f"import sys\nsys.exit({status})")
-    assert score(record, "def g():\n    pass") == (correct, None)
+    if code_score.rules == "strict":
+        correct = False  # the test program ends itself before its end: no strict pass
+    assert code_score(record, "def g():\n    pass") == (correct, None)
 
 
 ROOT_SUITE = [suite([[[-10, -2]]], [-5.0])]
@@ -204,28 +242,28 @@ ROOT_SUITE = [suite([[[-10, -2]]], [-5.0])]
         "module-level-system-exit", "printing-swallowed",
     ],
 )
-def test_evalplus_cases(record, generation, correct):
-    assert score(record, generation) == (correct, None)
+def test_evalplus_cases(record, generation, correct, code_score):
+    assert code_score(record, generation) == (correct, None)
 
 
-def test_evalplus_infinite_loop_hits_the_minimum_time_limit():
+def test_evalplus_infinite_loop_hits_the_minimum_time_limit(code_score):
     record = evalplus_record("g", [suite([[0]], [0])])
     start = time.monotonic()
-    assert score(record, "def g(x):\n    while True:\n        pass") == (False, None)
+    assert code_score(record, "def g(x):\n    while True:\n        pass") == (False, None)
     assert 0.9 < time.monotonic() - start < 10
 
 
-def test_evalplus_stops_at_the_first_failing_suite():
+def test_evalplus_stops_at_the_first_failing_suite(code_score):
     # The second suite is malformed; it must be neither validated nor run (lazy validation).
     malformed = {"inputs": [[0]], "expected": [], "reference_seconds": [0.001]}
     record = evalplus_record("g", [suite([[0]], [1]), malformed])
-    assert score(record, "def g(x):\n    return 0") == (False, None)
+    assert code_score(record, "def g(x):\n    return 0") == (False, None)
     passing_first = evalplus_record("g", [suite([[0]], [0]), malformed])
     with pytest.raises(ValueError, match="must align"):
         score(passing_first, "def g(x):\n    return 0")
 
 
-def test_inputs_literal_takes_precedence():
+def test_inputs_literal_takes_precedence(code_score):
     literal_suite = {
         "inputs": [[[0]]],
         "inputs_literal": "[[(1, 2)]]",
@@ -233,7 +271,7 @@ def test_inputs_literal_takes_precedence():
         "reference_seconds": [0.001],
     }
     record = evalplus_record("g", [literal_suite])
-    assert score(record, "def g(x):\n    return isinstance(x, tuple)") == (True, None)
+    assert code_score(record, "def g(x):\n    return isinstance(x, tuple)") == (True, None)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,115 @@
+"""Strict verdict rules against the grader tricks, under both rule sets; the protocol's record of
+the sandbox; the library ``Scorer``; and what happens where mechanisms are missing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from alodlm_scoring import Scorer, evaluation
+from alodlm_scoring.isolation import ScoringPool
+from alodlm_scoring.sandbox import mechanisms
+from evaluation import suites
+
+from . import hostile
+from .conftest import require
+
+
+def _trick_pairs():
+    pairs = []
+    for index, case in enumerate(hostile.TRICKS):
+        task_id = f"{index:02d}_{case.name}"
+        task = (suites.python_task(task_id) if case.metric == "python_tests"
+                else suites.evalplus_task(task_id, inputs=((3,), (4,)), expected=(3, 4)))
+        pairs.append((task, "```python\n" + case.program + "```"))
+    pairs.append((suites.python_task("honest_pass"), suites.identity_code("x")))
+    pairs.append((suites.evalplus_task("honest_evalplus"), suites.identity_code("x")))
+    return pairs
+
+
+@pytest.fixture(scope="module")
+def trick_runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("tricks")
+    tasks_path, predictions_path = suites.write_suite(base, _trick_pairs())
+    runs = {}
+    for rules in ("reference", "strict"):
+        summary = evaluation.rescore(tasks_path, predictions_path, base / rules, workers=2,
+                                     code_verdicts=rules)
+        rows = [json.loads(line) for line in (base / rules / "predictions.jsonl").read_text().splitlines()]
+        runs[rules] = ({row["id"]: row["correct"] for row in rows}, summary)
+    return runs
+
+
+@pytest.mark.parametrize("rules", ["reference", "strict"])
+@pytest.mark.parametrize("case", hostile.TRICKS, ids=[case.name for case in hostile.TRICKS])
+def test_grader_tricks_under_both_rule_sets(case, rules, trick_runs):
+    verdicts, _ = trick_runs[rules]
+    index = hostile.TRICKS.index(case)
+    expected = case.verdict if rules == "reference" else case.strict_verdict
+    assert verdicts[f"{index:02d}_{case.name}"] is expected
+    assert verdicts["honest_pass"] is True and verdicts["honest_evalplus"] is True
+
+
+@pytest.mark.parametrize("rules", ["reference", "strict"])
+def test_protocol_names_the_rule_set_and_the_mechanisms(rules, trick_runs, sandbox_mechanisms):
+    protocol = trick_runs[rules][1]["protocol"]
+    keys = list(protocol)
+    assert keys[keys.index("scoring_failures") + 1:keys.index("scoring_failures") + 3] == [
+        "code_verdicts", "code_sandbox"]
+    assert protocol["code_verdicts"] == rules
+    sandbox = protocol["code_sandbox"]
+    assert sandbox["mode"] == "on"
+    assert set(sandbox["mechanisms"]) == set(sandbox_mechanisms)
+    assert sandbox["missing"] == mechanisms.missing(sandbox["mechanisms"])
+    assert protocol["scoring_failures"] == []
+
+
+def test_strict_rules_need_the_sandbox():
+    with pytest.raises(ValueError, match="--code_verdicts=strict needs the code sandbox"):
+        ScoringPool(1, sandbox="off", rules="strict")
+
+
+def test_sandbox_off_is_recorded(tmp_path):
+    pairs = [(suites.python_task("p"), suites.identity_code("x"))]
+    tasks_path, predictions_path = suites.write_suite(tmp_path, pairs)
+    summary = evaluation.rescore(tasks_path, predictions_path, tmp_path / "out", workers=1,
+                                 code_sandbox="off")
+    assert summary["protocol"]["code_sandbox"] == {"mode": "off", "mechanisms": [], "missing": None}
+    assert summary["protocol"]["code_verdicts"] == "reference"
+
+
+def test_scorer_gives_rewards_under_both_rules(sandbox_mechanisms):
+    require(sandbox_mechanisms, needs=("environment-allowlist",))
+    record = suites.evalplus_task("e")
+    trick = "```python\n" + hostile.TRICKS[4].program + "```"  # __eq__ always true
+    with Scorer(workers=1) as reference, Scorer(workers=1, verdicts="strict") as strict:
+        assert reference.score(record, trick) == (True, None)
+        assert strict.score(record, trick) == (False, None)
+        honest = suites.identity_code("x")
+        futures = [strict.submit(record, honest), strict.submit(suites.mc_task(1), "(B)")]
+        assert [future.result() for future in futures] == [(True, None), (True, "B")]
+        assert strict.code_sandbox["mode"] == "on"
+
+
+def test_missing_mechanisms_are_named_in_one_warning_and_the_run_goes_on(tmp_path, monkeypatch,
+                                                                          capsys):
+    monkeypatch.setenv("ALODLM_SANDBOX_DISABLE",
+                       "user-namespace,mount-namespace,pid-namespace,network-namespace,"
+                       "ipc-namespace,landlock")
+    pairs = [(suites.python_task(f"p{i}"), suites.identity_code("x" if i % 2 else "0"))
+             for i in range(4)]
+    pairs.append((suites.evalplus_task("e"), suites.identity_code("x")))
+    tasks_path, predictions_path = suites.write_suite(tmp_path, pairs)
+    summary = evaluation.rescore(tasks_path, predictions_path, tmp_path / "out", workers=2)
+    rows = [json.loads(line) for line in (tmp_path / "out" / "predictions.jsonl").read_text().splitlines()]
+    assert [row["correct"] for row in rows] == [False, True, False, True, True]
+    sandbox = summary["protocol"]["code_sandbox"]
+    for name in ("user-namespace", "pid-namespace", "network-namespace", "landlock-filesystem"):
+        assert name in sandbox["missing"] and name not in sandbox["mechanisms"]
+    assert {"hard-rlimits", "environment-allowlist", "closed-file-descriptors"} <= set(
+        sandbox["mechanisms"])
+    warnings = [line for line in capsys.readouterr().err.splitlines()
+                if "code sandbox runs without" in line]
+    assert len(warnings) == 1
+    assert "user-namespace" in warnings[0] and "landlock-filesystem" in warnings[0]
