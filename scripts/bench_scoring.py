@@ -6,7 +6,10 @@ tasks; the code tasks mix python_tests and evalplus programs that pass, fail and
 each family through the real evaluation flow (``alodlm_scoring.evaluation.rescore``: load, validate,
 score, write rows, summary) with ``--workers 1`` and with the pool, checks that both runs write
 byte-identical files, and times the naive scheme for code — one fresh interpreter per code task, as
-the reference does — as the baseline.
+the reference does, without a sandbox — as the baseline. Code is also rescored with the pool and
+the code sandbox off (``--code_sandbox=off``) and under the strict rules, alternating with the
+sandboxed runs (``--repeats`` times, best of each) so that a drift of a shared machine affects
+both alike: the sandbox's cost is the ratio of the two pool rates.
 
     python scripts/bench_scoring.py --scale 0.1
 """
@@ -112,16 +115,18 @@ def _cpu_seconds() -> tuple[float, float]:
     return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
 
 
-def _rescore(directory: str, name: str, paths, workers: int) -> tuple[float, bytes, bytes, float]:
+def _rescore(directory: str, name: str, paths, workers: int, *, code_sandbox: str = "on",
+             code_verdicts: str = "reference", tag: str = "") -> tuple[float, bytes, bytes, float]:
     """Wall seconds, the two output files, and an idle-machine estimate in seconds.
 
     The estimate, for a shared (loaded) machine: the CPU time this run used, spread over the
     cores it could use — max(main-process CPU, total CPU / min(workers + 1, cores)).
     """
-    output = os.path.join(directory, f"{name}_out_{workers}")
+    output = os.path.join(directory, f"{name}_out_{workers}{tag}")
     own_before, children_before = _cpu_seconds()
     started = time.perf_counter()
-    evaluation.rescore(paths[0], paths[1], output, workers=workers)
+    evaluation.rescore(paths[0], paths[1], output, workers=workers, code_sandbox=code_sandbox,
+                       code_verdicts=code_verdicts)
     elapsed = time.perf_counter() - started
     own_after, children_after = _cpu_seconds()
     own, children = own_after - own_before, children_after - children_before
@@ -138,13 +143,13 @@ def _naive_code(pairs) -> tuple[float, list]:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:
         for task, text in pairs:
-            request = json.dumps({"record": task, "generation": text}) + "\n"
+            request = json.dumps({"nonce": "n", "record": task, "generation": text}) + "\n"
             completed = subprocess.run(
-                [sys.executable, "-m", "alodlm_scoring.worker"], input=request.encode(),
-                capture_output=True, cwd=scratch, timeout=600,
+                [sys.executable, "-m", "alodlm_scoring.worker", "--sandbox", "off"],
+                input=request.encode(), capture_output=True, cwd=scratch, timeout=600,
             )
             lines = completed.stdout.decode().splitlines()
-            verdicts.append(json.loads(lines[-1])[0] if len(lines) > 1 else None)
+            verdicts.append(json.loads(lines[-1])["verdict"][0] if len(lines) > 1 else None)
     return time.perf_counter() - started, verdicts
 
 
@@ -156,8 +161,12 @@ def main() -> int:
                         help="pool size for the pooled runs (default: CPU count)")
     parser.add_argument("--baseline-tasks", type=int, default=None,
                         help="time the naive baseline on only the first N code tasks")
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="pooled code runs per sandbox setting (alternating; best is kept)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    if args.repeats < 1 or args.workers < 1:
+        parser.error("--repeats and --workers must be at least 1")
     rng = random.Random(args.seed)
     sizes = {"multiple_choice": max(1, round(10000 * args.scale)),
              "math": max(1, round(2000 * args.scale)),
@@ -195,6 +204,27 @@ def main() -> int:
             if name == "code":
                 rows = [json.loads(line) for line in pooled[1].decode().splitlines()]
                 pooled_verdicts = [row["correct"] for row in rows]
+        paths = _write_suite(directory, "code", families["code"])
+        settings = {"sandbox on": ("on", "reference"), "sandbox off": ("off", "reference"),
+                    "sandbox on, strict": ("on", "strict")}
+        best = {label: None for label in settings}
+        files = {}
+        for repeat in range(args.repeats):
+            for label, (mode, rules) in settings.items():
+                run = _rescore(directory, "code", paths, args.workers, code_sandbox=mode,
+                               code_verdicts=rules, tag=f"_{mode}_{rules}_{repeat}")
+                best[label] = run[0] if best[label] is None else min(best[label], run[0])
+                files[label] = run[1]
+        tasks = len(families["code"])
+        for label, seconds in best.items():
+            results[f"code {label}"] = {"tasks": tasks, "pool_tasks_per_s": tasks / seconds}
+            print(f"{'code ' + label:24s} {tasks:6d} tasks  pool({args.workers}) "
+                  f"{tasks / seconds:8.2f}/s (best of {args.repeats})", flush=True)
+        cost = 1 - best["sandbox off"] / best["sandbox on"]
+        same = len({files[label] for label in settings}) == 1
+        results["code_sandbox_cost"] = {"fraction_of_pool_rate": cost, "same_files": same}
+        print(f"code sandbox cost: {100 * cost:.1f} % of the pool's rate; "
+              f"on / off / strict files byte-identical: {same}")
         code = families["code"][: args.baseline_tasks]
         naive_seconds, naive_verdicts = _naive_code(code)
         naive_rate = len(code) / naive_seconds
@@ -212,8 +242,9 @@ def main() -> int:
         "math >= 250/s with the pool (wall)": math_["pool_tasks_per_s"] >= 250,
         "math >= 250/s with the pool (idle estimate)": math_["cpu_estimate_pool_tasks_per_s"] >= 250,
         "code >= 2x naive": speedup >= 2,
-        "pool == serial files": all(r["identical_files"] for k, r in results.items()
-                                    if k != "code_naive"),
+        "code sandbox costs <= 15 % of the pool's rate": cost <= 0.15,
+        "pool == serial files": all(r["identical_files"] for r in results.values()
+                                    if "identical_files" in r),
     }
     for goal, met in goals.items():
         print(f"goal {goal}: {'met' if met else 'NOT met'}")

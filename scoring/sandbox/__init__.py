@@ -5,8 +5,8 @@ Layout (one job per module):
 * :mod:`.landlock` — Landlock rulesets (filesystem, TCP, signal and socket scopes);
 * :mod:`.linux` — namespaces, mounts, ``prctl`` switches, capabilities, limits;
 * :mod:`.mechanisms` — the mechanisms by name, what programs may read, the environment allowlist;
-* :mod:`.process` — one run's process tree (supervisor, init, program), written once;
-* :mod:`.zygote` — the clean process runs are forked from, and the worker's handle on it;
+* :mod:`.process` — the sandbox's processes (outer, host, program), written once;
+* :mod:`.zygote` — starting the sandbox, the worker's handle on it, the host's serve loop;
 * :mod:`.jobs` — functions run inside the sandbox (evalplus's checker, strict output capture,
   canonical-solution ground truth).
 
@@ -56,7 +56,7 @@ class Sandbox:
 
     @property
     def pid(self) -> int | None:
-        """The zygote's process id (None before ``start``)."""
+        """The sandbox's outer process id (None before ``start``); the runs are below it."""
         return self._zygote.pid
 
     @property
@@ -72,12 +72,12 @@ class Sandbox:
     def run_command(self, argv: Sequence[str], *, timeout: float,
                     files: Mapping[str, str] | None = None, stdin: bytes = b"") -> Result:
         """``exec`` ``argv`` in the sandbox (working directory holding ``files``)."""
-        return self._zygote.run(Run(timeout=timeout, workdir="", argv=tuple(argv),
-                                    files=dict(files or {}), stdin=stdin))
+        return self._zygote.run(Run(timeout=timeout, argv=tuple(argv), files=dict(files or {}),
+                                    stdin=stdin))
 
     def run_job(self, job: str, payload: Any, *, timeout: float) -> Result:
         """Call ``jobs.JOBS[job](payload, ...)`` in a sandboxed fork of the zygote."""
-        return self._zygote.run(Run(timeout=timeout, workdir="", job=job, payload=payload))
+        return self._zygote.run(Run(timeout=timeout, job=job, payload=payload))
 
     def python(self) -> str:
         """The interpreter commands should run (the worker's own)."""

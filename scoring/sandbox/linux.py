@@ -18,7 +18,7 @@ from typing import Iterable
 __all__ = [
     "CLONE_NEWNS", "CLONE_NEWIPC", "CLONE_NEWUSER", "CLONE_NEWPID", "CLONE_NEWNET",
     "unshare", "map_to_root", "make_mounts_private", "make_mounts_read_only", "mount_tmpfs",
-    "bind_mount", "remount_read_only", "pivot_to",
+    "bind_mount", "remount_read_only", "unmount_if_mounted", "pivot_to",
     "mount_proc", "set_parent_death_signal", "set_no_new_privs", "set_dumpable",
     "set_child_subreaper", "drop_capabilities", "hard_limits", "close_fds_except",
     "kill_children",
@@ -47,6 +47,7 @@ _PR_SET_NO_NEW_PRIVS = 38
 _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
 
+_MNT_DETACH = 2
 _SYS_MOUNT_SETATTR = 442
 _MOUNT_ATTR_RDONLY = 0x1
 _AT_FDCWD = -100
@@ -134,6 +135,14 @@ def make_mounts_read_only(target: str = "/") -> None:
             _mount(None, point, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY)
 
 
+def unmount_if_mounted(target: str) -> None:
+    """Detach the mount at ``target``, if there is one (its files go when nothing uses them)."""
+    if _c().umount2(target.encode(), ctypes.c_int(_MNT_DETACH)) < 0:
+        error = ctypes.get_errno()
+        if error not in (errno.EINVAL, errno.ENOENT):  # not a mount point, or no such path
+            raise OSError(error, f"umount2({target!r}): {os.strerror(error)}")
+
+
 def remount_read_only(target: str) -> None:
     """The one mount at ``target`` (not those below it) becomes read-only."""
     _mount(None, target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY)
@@ -148,7 +157,6 @@ def bind_mount(source: str, target: str) -> None:
 # pivot_root has no C library wrapper; its number differs between architectures.
 _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "ppc64": 203,
                    "s390x": 217, "armv7l": 218, "i686": 217}
-_MNT_DETACH = 2
 
 
 def pivot_to(new_root: str) -> None:

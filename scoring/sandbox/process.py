@@ -1,33 +1,39 @@
-"""One sandboxed run: the process tree, written once, in the order it happens.
+"""The sandbox's processes, written once, in the order they happen.
 
-A run starts in the zygote (a forked copy of a scoring worker that never held a task's expected
-outputs or any secret; see :mod:`alodlm_scoring.sandbox.zygote`) and has three processes:
+Start-up, once per scoring worker, before the worker reads its first request
+(:mod:`alodlm_scoring.sandbox.zygote` drives it):
 
-1. **Supervisor** (forked from the zygote). Closes every descriptor it does not need, dies with
-   the zygote (``PR_SET_PDEATHSIG``), enters fresh namespaces (user, mount, pid, network, IPC:
-   as many as the machine allows), and in the mount namespace makes every mount private and
-   read-only, puts a fresh size-bounded tmpfs on the working directory (the task's files are
-   written into it), on ``/dev/shm`` and on ``/run``. It forks the init process and waits for
-   it with the run's deadline; on expiry it kills it. Then it writes one status line for the
-   zygote and exits.
-2. **Init** (pid 1 of the new pid namespace). Mounts a ``/proc`` that shows only the sandbox,
-   makes itself non-dumpable, forks the program process, reaps whatever is re-parented to it,
-   and when the program process exits reports its wait status to the supervisor and exits.
-   The kernel then kills every process left in the namespace and the supervisor's ``wait``
-   returns only after they are gone: whatever the program did (``setsid``, double forks,
-   ignoring SIGTERM), nothing of it outlives the run. Without a pid namespace, init and the
-   supervisor are child subreapers and kill their children until none is left.
-3. **Program process** (forked from init). Gets descriptors 0 (the run's stdin or
+1. **Outer** (forked from the worker). Dies with the worker (``PR_SET_PDEATHSIG``), closes
+   every descriptor but the worker's socket, enters fresh namespaces (:func:`enter_namespaces`:
+   user, mount, pid, network, IPC, as many as the machine allows), forks the host and waits
+   for it.
+2. **Host** (pid 1 of the new pid namespace; the *zygote* every run is forked from). Dies with
+   the outer process, builds the program's filesystem (:meth:`Host.setup`: a minimal read-only
+   root holding only the allowed paths, ``pivot_root`` into it, its own ``/proc``), imports the
+   jobs' libraries, and serves runs one at a time. Its memory never holds a secret (the pool
+   starts workers with an environment allowlist) and, under strict rules, never an expected
+   output (the jobs never receive them).
+
+Each run (:meth:`Host.run`):
+
+3. The host gives the run fresh size-bounded tmpfs's on the working directory, ``/tmp`` and
+   ``/dev/shm`` (the previous run's are gone), writes the task's files, enters a fresh IPC
+   namespace and forks the program process. It reads the result pipe while it waits for the
+   program with the run's deadline, and when the program has ended (or the deadline has
+   passed) it kills every other process of the namespace (``kill(-1)`` from pid 1) and reaps
+   until none is left, so that whatever the program did (``setsid``, double forks, ignoring
+   SIGTERM) nothing of it outlives the run, before the result goes back. Without a pid
+   namespace the host is a child subreaper and kills its children until none is left.
+4. **Program process** (forked from the host). Gets descriptors 0 (the run's stdin or
    ``/dev/null``), 1 and 2 (``/dev/null``) and 3 (the result pipe) and nothing else, leads its
    own session, works in the working directory, sets hard resource limits, sets
    ``PR_SET_NO_NEW_PRIVS``, drops every capability, applies Landlock (read and execute beneath
-   the Python installation and the system's library paths, write only in the working
-   directory, no TCP, no signals or ptrace outside the sandbox), reports which mechanisms it
-   applied, and then either ``exec``\\ s the run's command (with the short environment
-   allowlist) or calls a job of :mod:`alodlm_scoring.sandbox.jobs`.
+   the allowed paths, write only in its tmpfs's, no TCP, no signals or ptrace outside its
+   domain), reports which mechanisms it applied, and then either ``exec``\\ s the run's command
+   (with the environment allowlist) or calls a job of :mod:`alodlm_scoring.sandbox.jobs`.
 
-A mechanism the probe found working is *required* in every later run: if it fails to apply, the
-run is not started and reports ``setup_failed`` (fail closed).
+A mechanism the probe run found working is *required* in every later run: if it fails to apply,
+the program is not started and the run reports ``setup_failed`` (fail closed).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import json
 import os
 import resource
 import select
+import shutil
 import signal
 import tempfile
 import time
@@ -44,14 +51,16 @@ from typing import Any, Callable, Mapping, Sequence
 
 from . import landlock, linux
 
-__all__ = ["Run", "Limits", "Policy", "Result", "JobContext", "execute", "write_paths",
-           "nested_landlock", "RESULT_FD"]
+__all__ = ["Run", "Limits", "Policy", "Result", "JobContext", "Host", "SetupFailed",
+           "enter_namespaces", "write_paths", "nested_landlock", "RESULT_FD"]
 
 RESULT_FD = 3
 _CONTROL_FD = 4
 _MAX_STDIN = 60 * 1024  # fits in a pipe buffer: written before the fork, never blocks
-_RESTORED_SIGNALS = ("SIGPIPE", "SIGXFSZ", "SIGXFZ", "SIGINT", "SIGTERM", "SIGHUP", "SIGCHLD",
-                     "SIGALRM", "SIGUSR1", "SIGUSR2")
+_RESTORED_SIGNALS = ("SIGPIPE", "SIGXFSZ", "SIGINT", "SIGTERM", "SIGHUP", "SIGCHLD", "SIGALRM",
+                     "SIGUSR1", "SIGUSR2")
+_NAMESPACES = (("mount-namespace", linux.CLONE_NEWNS), ("pid-namespace", linux.CLONE_NEWPID),
+               ("network-namespace", linux.CLONE_NEWNET), ("ipc-namespace", linux.CLONE_NEWIPC))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,17 +73,17 @@ class Limits:
     processes: int = 512  # enforced by the kernel for non-root users only
     core_bytes: int = 0
     workdir_bytes: int = 512 * 1024**2
-    shm_bytes: int = 256 * 1024**2
+    tmp_bytes: int = 256 * 1024**2
 
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
-    """What every run of one zygote applies, decided once (see ``zygote.probe``)."""
+    """What every run of one host applies."""
 
     read_paths: tuple[str, ...]
     environment: Mapping[str, str]
     limits: Limits = Limits()
-    disabled: frozenset[str] = frozenset()  # mechanisms not to try (tests, --code_sandbox)
+    disabled: frozenset[str] = frozenset()  # mechanisms not to try (tests, fallbacks)
     required: frozenset[str] = frozenset()  # mechanisms a run must apply or not start
 
 
@@ -83,14 +92,11 @@ class Run:
     """One command (``argv``) or job (``job`` name + ``payload``) to run in the sandbox."""
 
     timeout: float
-    workdir: str
     argv: Sequence[str] | None = None
     job: str | None = None
     payload: Any = None
     files: Mapping[str, str] = dataclasses.field(default_factory=dict)
     stdin: bytes = b""
-    private_workdir: bool = True  # mount a tmpfs on workdir (when a mount namespace exists)
-    root: str = ""  # an empty directory where the minimal root is built (set by the zygote)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +111,7 @@ class JobContext:
 @dataclasses.dataclass(frozen=True)
 class Result:
     """How a run ended. ``status``: ``exited`` (``code``), ``signaled`` (``signal``),
-    ``timeout``, ``setup_failed`` or ``lost`` (the supervisor died)."""
+    ``timeout``, ``setup_failed`` or ``lost`` (the sandbox itself failed)."""
 
     status: str
     code: int | None = None
@@ -117,90 +123,8 @@ class Result:
     error: str | None = None
 
 
-# --------------------------------------------------------------------------------------------
-# The zygote's side: start a supervisor, collect the result
-# --------------------------------------------------------------------------------------------
-
-
-def execute(run: Run, policy: Policy, jobs: Mapping[str, Callable], *,
-            max_output: int = 64 * 1024**2) -> Result:
-    """Run ``run`` as the module describes and return its :class:`Result`."""
-    if len(run.stdin) > _MAX_STDIN:
-        raise ValueError("sandbox stdin is limited to 60 KiB")
-    result_read, result_write = os.pipe()
-    status_read, status_write = os.pipe()
-    stdin_read = None
-    if run.stdin:
-        stdin_read, stdin_write = os.pipe()
-        os.write(stdin_write, run.stdin)
-        os.close(stdin_write)
-    zygote = os.getpid()
-    supervisor = os.fork()
-    if supervisor == 0:  # ---- supervisor
-        try:
-            os.close(result_read)
-            os.close(status_read)
-            _supervise(run, policy, jobs, zygote, result_write, status_write, stdin_read)
-        finally:
-            os._exit(70)
-    for fd in (result_write, status_write, stdin_read):
-        if fd is not None:
-            os.close(fd)
-    try:
-        output, truncated, status_text = _collect(supervisor, result_read, status_read,
-                                                  run.timeout + 30.0, max_output)
-    finally:
-        os.close(result_read)
-        os.close(status_read)
-    return _result(status_text, output, truncated)
-
-
-def _collect(supervisor: int, result_read: int, status_read: int, backstop: float,
-             max_output: int) -> tuple[bytes, bool, bytes]:
-    """Read the result pipe and the status pipe until the supervisor is done."""
-    deadline = time.monotonic() + backstop
-    output = bytearray()
-    status = bytearray()
-    truncated = False
-    open_fds = {result_read, status_read}
-    while open_fds:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            os.kill(supervisor, signal.SIGKILL)  # init dies with it (parent death signal)
-            break
-        readable, _, _ = select.select(list(open_fds), [], [], remaining)
-        for fd in readable:
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                open_fds.discard(fd)
-            elif fd == status_read:
-                status += chunk[: 65536 - len(status)]
-            elif len(output) + len(chunk) > max_output:
-                truncated = True  # keep draining so the program is not blocked on a full pipe
-            else:
-                output += chunk
-    os.waitpid(supervisor, 0)
-    return bytes(output), truncated, bytes(status)
-
-
-def _result(status_text: bytes, output: bytes, truncated: bool) -> Result:
-    try:
-        status = json.loads(status_text)
-    except ValueError:
-        return Result("lost", output=output, output_truncated=truncated,
-                      error="the sandbox supervisor ended without a status")
-    return Result(status["status"], status.get("code"), status.get("signal"), output, truncated,
-                  status.get("elapsed", 0.0), tuple(status.get("mechanisms", ())),
-                  status.get("error"))
-
-
-# --------------------------------------------------------------------------------------------
-# Supervisor
-# --------------------------------------------------------------------------------------------
-
-
-class _SetupFailed(Exception):
-    pass
+class SetupFailed(Exception):
+    """A required mechanism could not be applied."""
 
 
 def _report(fd: int, **fields: Any) -> None:
@@ -209,7 +133,8 @@ def _report(fd: int, **fields: Any) -> None:
         data = data[os.write(fd, data):]
 
 
-def _default_signals() -> None:
+def default_signals() -> None:
+    """Default dispositions (Python ignores SIGPIPE and SIGXFSZ and handles SIGINT)."""
     for name in _RESTORED_SIGNALS:
         number = getattr(signal, name, None)
         if number is not None:
@@ -227,174 +152,244 @@ def _attempt(applied: list[str], policy: Policy, name: str, action: Callable[[],
         action()
     except OSError as error:
         if name in policy.required:
-            raise _SetupFailed(f"{name}: {error}") from None
+            raise SetupFailed(f"{name}: {error}") from None
         return False
     applied.append(name)
     return True
 
 
-def _enter_namespaces(applied: list[str], policy: Policy) -> set[str]:
-    """Unshare as many namespaces as allowed; returns the names that took effect."""
-    wanted = [("mount-namespace", linux.CLONE_NEWNS), ("pid-namespace", linux.CLONE_NEWPID),
-              ("network-namespace", linux.CLONE_NEWNET), ("ipc-namespace", linux.CLONE_NEWIPC)]
-    wanted = [(name, flag) for name, flag in wanted if name not in policy.disabled]
+# --------------------------------------------------------------------------------------------
+# Outer process: namespaces
+# --------------------------------------------------------------------------------------------
+
+
+def enter_namespaces(policy: Policy) -> list[str]:
+    """Unshare as many namespaces as allowed (the caller's next child is pid 1 of the new pid
+    namespace); returns the names of those entered."""
+    wanted = [(name, flag) for name, flag in _NAMESPACES if name not in policy.disabled]
     flags = 0
     for _, flag in wanted:
         flags |= flag
     uid, gid = os.geteuid(), os.getegid()
-    entered: set[str] = set()
     if flags and "user-namespace" not in policy.disabled:
         try:
             linux.unshare(linux.CLONE_NEWUSER | flags)
             linux.map_to_root(uid, gid)
-            entered = {"user-namespace"} | {name for name, _ in wanted}
+            return ["user-namespace"] + [name for name, _ in wanted]
         except OSError:
-            entered = set()
-            if "user-namespace" in policy.required:
-                raise _SetupFailed("user-namespace: unshare failed") from None
-    if not entered and flags and uid == 0:  # root without user namespaces (some containers)
+            pass
+    if flags and uid == 0:  # root without user namespaces (some containers allow this)
         try:
             linux.unshare(flags)
-            entered = {name for name, _ in wanted}
+            return [name for name, _ in wanted]
         except OSError:
-            entered = set()
-    missing = (policy.required & ({name for name, _ in wanted} | {"user-namespace"})) - entered
-    if missing:
-        raise _SetupFailed(f"{', '.join(sorted(missing))}: unshare failed")
-    applied.extend(name for name in ("user-namespace", "mount-namespace", "pid-namespace",
-                                     "network-namespace", "ipc-namespace") if name in entered)
-    return entered
+            pass
+    return []
 
 
-def _prepare_filesystem(run: Run, policy: Policy, applied: list[str], entered: set[str]) -> None:
-    if "mount-namespace" in entered:
-        linux.make_mounts_private()
-        if not _attempt(applied, policy, "minimal-root",
-                        lambda: _minimal_root(run, policy, entered, applied)):
-            _readonly_machine_root(run, policy, applied, entered)
-    for name, text in run.files.items():
-        with open(os.path.join(run.workdir, name), "w") as handle:
-            handle.write(text)
-    os.makedirs(os.path.join(run.workdir, "tmp"), exist_ok=True)
+# --------------------------------------------------------------------------------------------
+# Host: the filesystem, once; then one run at a time
+# --------------------------------------------------------------------------------------------
 
 
-def _minimal_root(run: Run, policy: Policy, entered: set[str], mechanisms: list[str]) -> None:
-    """Build a fresh root holding only the allowed paths (read-only binds at their own
-    absolute paths), private tmpfs's for ``/tmp``, ``/dev/shm`` and the working directory, and
-    pivot into it: the rest of the machine (its sockets, its secrets, even its file names) is
-    not in the program's filesystem at all."""
-    root = run.root
-    limits = policy.limits
-    linux.mount_tmpfs(root, 16 * 1024**2, 0o755)
-    bound: list[str] = []
-    for path in sorted(set(policy.read_paths), key=lambda item: (item.count("/"), item)):
-        if path == "/proc" or any(path == done or path.startswith(done.rstrip("/") + "/")
-                                  for done in bound):
-            continue
-        if not os.path.lexists(path):
-            continue
-        target = root + path
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        if os.path.islink(path):
-            if not os.path.lexists(target):
-                os.symlink(os.readlink(path), target)
-            continue
-        if os.path.isdir(path):
-            os.makedirs(target, exist_ok=True)
-        else:
-            open(target, "a").close()
-        linux.bind_mount(path, target)
-        bound.append(path)
-    os.makedirs(root + "/proc", exist_ok=True)
-    if "pid-namespace" in entered:  # its own /proc (the machine's is still visible here)
-        _attempt(mechanisms, policy, "private-proc", lambda: linux.mount_proc(root + "/proc"))
-    if "private-proc" not in mechanisms:  # the machine's, read-only
-        linux.bind_mount("/proc", root + "/proc")
-    for path, size, mode in (("/tmp", limits.shm_bytes, 0o1777), ("/dev/shm", limits.shm_bytes, 0o1777)):
-        os.makedirs(root + path, exist_ok=True)
-        linux.mount_tmpfs(root + path, size, mode)
-    os.makedirs(root + run.workdir, exist_ok=True)
-    linux.mount_tmpfs(root + run.workdir, limits.workdir_bytes)
-    linux.remount_read_only(root)
-    linux.pivot_to(root)
-    mechanisms.extend(["read-only-filesystem", "private-workdir", "private-dev-shm", "private-tmp"])
+class Host:
+    """Pid 1 of the sandbox (or, without a pid namespace, a subreaper): builds the program's
+    filesystem once and runs programs in it."""
 
+    def __init__(self, policy: Policy, jobs: Mapping[str, Callable], namespaces: Sequence[str],
+                 scratch: str) -> None:
+        self.policy = policy
+        self.jobs = jobs
+        self.namespaces = set(namespaces)
+        self.mechanisms: list[str] = list(namespaces)  # in force in every run (host-level)
+        self.scratch = scratch
+        self.workdir = os.path.join(scratch, "run")
+        self._fresh = False  # whether the working directory, /tmp, /dev/shm are tmpfs's of ours
 
-def _readonly_machine_root(run: Run, policy: Policy, applied: list[str],
-                           entered: set[str]) -> None:
-    """Where a new root cannot be built: the machine's mounts, all read-only, with private
-    tmpfs's on the working directory, ``/dev/shm`` and ``/run``."""
-    limits = policy.limits
-    _attempt(applied, policy, "read-only-filesystem", linux.make_mounts_read_only)
-    if run.private_workdir:
-        _attempt(applied, policy, "private-workdir",
-                 lambda: linux.mount_tmpfs(run.workdir, limits.workdir_bytes))
-    _attempt(applied, policy, "private-dev-shm",
-             lambda: linux.mount_tmpfs("/dev/shm", limits.shm_bytes, 0o1777))
-    if os.path.isdir("/run"):
-        _attempt(applied, policy, "private-run", lambda: linux.mount_tmpfs("/run", 1 << 20, 0o755))
-    if "pid-namespace" in entered:
-        _attempt(applied, policy, "private-proc", linux.mount_proc)
+    # -- once ----------------------------------------------------------------------------------
 
-
-def _supervise(run: Run, policy: Policy, jobs: Mapping[str, Callable], zygote: int,
-               result_write: int, status_write: int, stdin_read: int | None) -> None:
-    started = time.monotonic()
-    applied: list[str] = []
-    try:
-        linux.close_fds_except([fd for fd in (result_write, status_write, stdin_read) if fd])
-        linux.set_parent_death_signal()
-        if os.getppid() != zygote:
-            os._exit(71)
-        _default_signals()
-        entered = _enter_namespaces(applied, policy)
-        if "pid-namespace" not in entered:
+    def setup(self) -> None:
+        os.makedirs(self.workdir, exist_ok=True)
+        if "mount-namespace" in self.namespaces:
+            linux.make_mounts_private()
+            root = os.path.join(self.scratch, "root")
+            os.makedirs(root, exist_ok=True)
+            if not _attempt(self.mechanisms, self.policy, "minimal-root",
+                            lambda: self._minimal_root(root)):
+                self._read_only_machine()
+        if "pid-namespace" not in self.namespaces:
             linux.set_child_subreaper()
+
+    def _minimal_root(self, root: str) -> None:
+        """A fresh root holding only the allowed paths (read-only binds at their own absolute
+        paths) and mount points for the run's tmpfs's; the rest of the machine (its sockets,
+        its secrets, even its file names) is not in the program's filesystem at all."""
+        linux.mount_tmpfs(root, 16 * 1024**2, 0o755)
+        bound: list[str] = []
+        for path in sorted(set(self.policy.read_paths), key=lambda item: (item.count("/"), item)):
+            if path == "/proc" or not os.path.lexists(path) or any(
+                    path == done or path.startswith(done.rstrip("/") + "/") for done in bound):
+                continue
+            target = root + path
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            if os.path.islink(path):
+                if not os.path.lexists(target):
+                    os.symlink(os.readlink(path), target)
+                continue
+            if os.path.isdir(path):
+                os.makedirs(target, exist_ok=True)
+            else:
+                open(target, "a").close()
+            linux.bind_mount(path, target)
+            bound.append(path)
+        for path in ("/proc", "/tmp", "/dev/shm", self.workdir):
+            os.makedirs(root + path, exist_ok=True)
+        proc = []
+        if "pid-namespace" in self.namespaces:  # its own /proc (the machine's is still visible)
+            _attempt(proc, self.policy, "private-proc", lambda: linux.mount_proc(root + "/proc"))
+        if not proc:
+            linux.bind_mount("/proc", root + "/proc")
+        linux.remount_read_only(root)
+        linux.pivot_to(root)
+        self.mechanisms += ["read-only-filesystem"] + proc
+        self._fresh = True
+
+    def _read_only_machine(self) -> None:
+        """Where no minimal root can be built: the machine's mounts, all read-only, with
+        private tmpfs's on the working directory, ``/tmp``-less, ``/dev/shm`` and ``/run``."""
+        _attempt(self.mechanisms, self.policy, "read-only-filesystem", linux.make_mounts_read_only)
+        if os.path.isdir("/run"):
+            _attempt(self.mechanisms, self.policy, "private-run",
+                     lambda: linux.mount_tmpfs("/run", 1 << 20, 0o755))
+        if "pid-namespace" in self.namespaces:
+            _attempt(self.mechanisms, self.policy, "private-proc", linux.mount_proc)
+        self._fresh = "read-only-filesystem" in self.mechanisms
+
+    def _fresh_directories(self) -> list[str]:
+        """Fresh tmpfs's for this run (the previous run's contents are gone with them)."""
+        if not self._fresh:  # no mount namespace: a new directory on the machine's disk
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            os.makedirs(self.workdir)
+            return []
+        limits = self.policy.limits
+        places = [("/dev/shm", limits.tmp_bytes, 0o1777, "private-dev-shm"),
+                  (self.workdir, limits.workdir_bytes, 0o700, "private-workdir")]
+        if "minimal-root" in self.mechanisms:  # first: the working directory may be below it
+            places.insert(0, ("/tmp", limits.tmp_bytes, 0o1777, "private-tmp"))
+        names = []
+        for path, size, mode, name in places:
+            linux.unmount_if_mounted(path)
+            os.makedirs(path, exist_ok=True)
+            linux.mount_tmpfs(path, size, mode)
+            names.append(name)
+        return names
+
+    # -- each run ------------------------------------------------------------------------------
+
+    def run(self, run: Run, max_output: int = 64 * 1024**2) -> Result:
+        """Run ``run`` as the module describes and return its :class:`Result`."""
+        started = time.monotonic()
+        try:
+            fresh = self._fresh_directories()
+            for name, text in run.files.items():
+                with open(os.path.join(self.workdir, name), "w") as handle:
+                    handle.write(text)
+            os.makedirs(os.path.join(self.workdir, "tmp"), exist_ok=True)
+            if "ipc-namespace" in self.namespaces:  # no IPC object survives into the next run
+                linux.unshare(linux.CLONE_NEWIPC)
+        except (OSError, SetupFailed) as error:
+            return Result("setup_failed", error=f"{type(error).__name__}: {error}")
+        if len(run.stdin) > _MAX_STDIN:
+            return Result("setup_failed", error="sandbox stdin is limited to 60 KiB")
+        result_read, result_write = os.pipe()
         control_read, control_write = os.pipe()
-        init = os.fork()
-        if init == 0:  # ---- init
+        stdin_read = None
+        if run.stdin:
+            stdin_read, stdin_write = os.pipe()
+            os.write(stdin_write, run.stdin)
+            os.close(stdin_write)
+        mechanisms = self.mechanisms + fresh
+        program = os.fork()
+        if program == 0:  # ---- program process
             try:
-                os.close(control_read)
-                os.close(status_write)
-                _init(run, policy, jobs, entered, result_write, control_write, stdin_read)
+                _program(run, self.policy, self.jobs, self.workdir, list(mechanisms),
+                         result_write, control_write, stdin_read)
             finally:
-                os._exit(70)
-        os.close(control_write)
-        os.close(result_write)
-        if stdin_read is not None:
-            os.close(stdin_read)
-        timed_out = _wait_with_deadline(init, run.timeout)
-        if "pid-namespace" not in entered:
-            linux.kill_children()
+                os._exit(126)
+        for fd in (result_write, control_write, stdin_read):
+            if fd is not None:
+                os.close(fd)
+        try:
+            output, truncated, wait_status, timed_out = self._collect(
+                program, result_read, run.timeout, max_output)
+        finally:
+            self._end_everything()
+            os.close(result_read)
         reports = _read_all(control_read)
-        elapsed = time.monotonic() - started
-        status = _status_from(reports, timed_out)
-        applied.extend(status.pop("program_mechanisms", []))
-        _report(status_write, elapsed=elapsed, mechanisms=applied, **status)
-    except _SetupFailed as error:
-        _report(status_write, status="setup_failed", error=str(error), mechanisms=applied,
-                elapsed=time.monotonic() - started)
-    except BaseException as error:  # noqa: BLE001 - reported, never raised into the zygote
-        _report(status_write, status="setup_failed", error=f"{type(error).__name__}: {error}",
-                mechanisms=applied, elapsed=time.monotonic() - started)
-    os._exit(0)
+        return _result(reports, wait_status, timed_out, output, truncated,
+                       time.monotonic() - started)
 
+    def _collect(self, program: int, result_read: int, timeout: float,
+                 max_output: int) -> tuple[bytes, bool, int | None, bool]:
+        """Drain the result pipe until the program exits or the deadline passes."""
+        deadline = time.monotonic() + max(timeout, 0.0)
+        pidfd = os.pidfd_open(program)
+        output = bytearray()
+        truncated = False
+        wait_status = None
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                readable, _, _ = select.select([result_read, pidfd], [], [], remaining)
+                if result_read in readable:
+                    chunk = os.read(result_read, 1 << 16)
+                    if len(output) + len(chunk) > max_output:
+                        truncated = True  # keep draining: the program must not block on it
+                    else:
+                        output += chunk
+                    if chunk:
+                        continue
+                if pidfd in readable:
+                    _, wait_status = os.waitpid(program, 0)
+                    break
+        finally:
+            os.close(pidfd)
+        timed_out = wait_status is None
+        if timed_out:
+            os.kill(program, signal.SIGKILL)
+            _, wait_status = os.waitpid(program, 0)
+        # What the program wrote just before it ended (its descendants are killed next).
+        os.set_blocking(result_read, False)
+        while True:
+            try:
+                chunk = os.read(result_read, 1 << 16)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            if len(output) + len(chunk) > max_output:
+                truncated = True
+                break
+            output += chunk
+        return bytes(output), truncated, wait_status, timed_out
 
-def _wait_with_deadline(pid: int, timeout: float) -> bool:
-    """Wait for child ``pid`` at most ``timeout`` seconds; kill it at the deadline. Returns
-    whether it timed out. Killing init takes its whole pid namespace with it, and ``waitpid``
-    returns only once every process of the namespace is gone."""
-    pidfd = os.pidfd_open(pid)
-    try:
-        poller = select.poll()
-        poller.register(pidfd, select.POLLIN)
-        timed_out = not poller.poll(max(timeout, 0.0) * 1000.0)
-    finally:
-        os.close(pidfd)
-    if timed_out:
-        os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    return timed_out
+    def _end_everything(self) -> None:
+        """Kill every process the run left and reap them all: none outlives the run."""
+        if "pid-namespace" not in self.namespaces:
+            linux.kill_children()
+            return
+        for _ in range(100):
+            try:
+                os.kill(-1, signal.SIGKILL)  # pid 1: every other process of the namespace
+            except ProcessLookupError:
+                pass
+            try:
+                while os.waitpid(-1, 0):
+                    pass
+            except ChildProcessError:
+                return
 
 
 def _read_all(fd: int) -> list[dict]:
@@ -418,67 +413,22 @@ def _read_all(fd: int) -> list[dict]:
     return reports
 
 
-def _status_from(reports: list[dict], timed_out: bool) -> dict:
+def _result(reports: list[dict], wait_status: int, timed_out: bool, output: bytes,
+            truncated: bool, elapsed: float) -> Result:
     setup = next((r for r in reports if "applied" in r or "setup_error" in r), {})
+    mechanisms = tuple(setup.get("applied", ()))
+    common = {"output": output, "output_truncated": truncated, "elapsed": elapsed,
+              "mechanisms": mechanisms}
     if "setup_error" in setup:
-        return {"status": "setup_failed", "error": setup["setup_error"],
-                "program_mechanisms": setup.get("applied", [])}
-    mechanisms = setup.get("applied", [])
+        return Result("setup_failed", error=setup["setup_error"], **common)
     if timed_out:
-        return {"status": "timeout", "program_mechanisms": mechanisms}
-    final = next((r for r in reports if "wait_status" in r), None)
-    if final is None:
-        return {"status": "lost", "error": "the sandbox init process ended without a status",
-                "program_mechanisms": mechanisms}
-    wait_status = final["wait_status"]
+        return Result("timeout", **common)
+    if not setup:
+        return Result("lost", error="the program process ended before its setup report",
+                      **common)
     if os.WIFSIGNALED(wait_status):
-        return {"status": "signaled", "signal": os.WTERMSIG(wait_status),
-                "program_mechanisms": mechanisms}
-    return {"status": "exited", "code": os.WEXITSTATUS(wait_status),
-            "program_mechanisms": mechanisms}
-
-
-# --------------------------------------------------------------------------------------------
-# Init
-# --------------------------------------------------------------------------------------------
-
-
-def _init(run: Run, policy: Policy, jobs: Mapping[str, Callable], entered: set[str],
-          result_write: int, control_write: int, stdin_read: int | None) -> None:
-    supervisor = os.getppid()
-    linux.set_parent_death_signal()
-    if os.getppid() != supervisor:
-        os._exit(71)
-    mechanisms: list[str] = []
-    try:  # here, not in the supervisor: only a process of the new pid namespace can mount its /proc
-        _prepare_filesystem(run, policy, mechanisms, entered)
-    except BaseException as error:  # noqa: BLE001 - reported; the program never starts
-        _report(control_write, setup_error=str(error) if isinstance(error, _SetupFailed)
-                else f"filesystem: {type(error).__name__}: {error}", applied=mechanisms)
-        os._exit(0)
-    if "pid-namespace" not in entered:
-        linux.set_child_subreaper()
-    linux.set_dumpable(False)
-    program = os.fork()
-    if program == 0:  # ---- program process
-        try:
-            _program(run, policy, jobs, mechanisms, result_write, control_write, stdin_read)
-        finally:
-            os._exit(126)
-    os.close(result_write)
-    if stdin_read is not None:
-        os.close(stdin_read)
-    while True:
-        try:
-            pid, wait_status = os.waitpid(-1, 0)
-        except ChildProcessError:
-            os._exit(0)
-        if pid == program:
-            break
-    if "pid-namespace" not in entered:
-        linux.kill_children()
-    _report(control_write, wait_status=wait_status)
-    os._exit(0)
+        return Result("signaled", signal=os.WTERMSIG(wait_status), **common)
+    return Result("exited", code=os.WEXITSTATUS(wait_status), **common)
 
 
 # --------------------------------------------------------------------------------------------
@@ -499,8 +449,9 @@ def _limits(policy: Policy) -> dict[int, int]:
     return table
 
 
-def _program(run: Run, policy: Policy, jobs: Mapping[str, Callable], mechanisms: list[str],
-             result_write: int, control_write: int, stdin_read: int | None) -> None:
+def _program(run: Run, policy: Policy, jobs: Mapping[str, Callable], workdir: str,
+             mechanisms: list[str], result_write: int, control_write: int,
+             stdin_read: int | None) -> None:
     try:
         os.setsid()
         null = os.open(os.devnull, os.O_RDWR)
@@ -511,8 +462,8 @@ def _program(run: Run, policy: Policy, jobs: Mapping[str, Callable], mechanisms:
         os.dup2(control_write, _CONTROL_FD)
         linux.close_fds_except([RESULT_FD, _CONTROL_FD])
         mechanisms.append("closed-file-descriptors")
-        _default_signals()
-        os.chdir(run.workdir)
+        default_signals()
+        os.chdir(workdir)
         os.umask(0o022)
         _attempt(mechanisms, policy, "hard-rlimits", lambda: linux.hard_limits(_limits(policy)))
         _attempt(mechanisms, policy, "no-new-privileges", linux.set_no_new_privs)
@@ -522,15 +473,21 @@ def _program(run: Run, policy: Policy, jobs: Mapping[str, Callable], mechanisms:
                     mechanisms.append("capabilities-dropped")
             except OSError as error:
                 if "capabilities-dropped" in policy.required:
-                    raise _SetupFailed(f"capabilities-dropped: {error}") from None
-        _apply_landlock(run, policy, mechanisms)
+                    raise SetupFailed(f"capabilities-dropped: {error}") from None
+        writable = write_paths(workdir, mechanisms)
+        _apply_landlock(policy, writable, mechanisms)
         environment = dict(policy.environment)
-        environment.update(HOME=run.workdir, TMPDIR=os.path.join(run.workdir, "tmp"))
+        environment.update(HOME=workdir, TMPDIR=os.path.join(workdir, "tmp"))
         mechanisms.append("environment-allowlist")
-    except BaseException as error:  # noqa: BLE001
-        _report(_CONTROL_FD if _fd_open(_CONTROL_FD) else control_write,
-                setup_error=str(error) if isinstance(error, _SetupFailed)
-                else f"{type(error).__name__}: {error}", applied=mechanisms)
+        missing = sorted(policy.required - set(mechanisms))
+        if missing:
+            raise SetupFailed(f"{', '.join(missing)}: not applied")
+    except BaseException as error:  # noqa: BLE001 - reported; the program never starts
+        message = str(error) if isinstance(error, SetupFailed) else f"{type(error).__name__}: {error}"
+        try:
+            _report(_CONTROL_FD, setup_error=message, applied=mechanisms)
+        except OSError:
+            _report(control_write, setup_error=message, applied=mechanisms)
         os._exit(126)
     _report(_CONTROL_FD, applied=mechanisms)
     os.close(_CONTROL_FD)
@@ -541,21 +498,12 @@ def _program(run: Run, policy: Policy, jobs: Mapping[str, Callable], mechanisms:
             os._exit(127)
     os.environ.clear()
     os.environ.update(environment)
-    tempfile.tempdir = environment["TMPDIR"]  # the zygote's cached choice is not ours
+    tempfile.tempdir = environment["TMPDIR"]  # the host's cached choice is not ours
     try:
-        jobs[run.job](run.payload, JobContext(policy.read_paths, tuple(write_paths(run.workdir, mechanisms)),
-                                              RESULT_FD))
+        jobs[run.job](run.payload, JobContext(policy.read_paths, tuple(writable), RESULT_FD))
     except BaseException:  # noqa: BLE001 - the job's own failure: the verdict reads the output
         os._exit(1)
     os._exit(0)
-
-
-def _fd_open(fd: int) -> bool:
-    try:
-        os.fstat(fd)
-        return True
-    except OSError:
-        return False
 
 
 def write_paths(workdir: str, mechanisms: Sequence[str]) -> list[str]:
@@ -569,20 +517,16 @@ def write_paths(workdir: str, mechanisms: Sequence[str]) -> list[str]:
     return paths
 
 
-def _apply_landlock(run: Run, policy: Policy, mechanisms: list[str]) -> None:
+def _apply_landlock(policy: Policy, writable: Sequence[str], mechanisms: list[str]) -> None:
     if "landlock" in policy.disabled:
         return
     abi = landlock.abi_version()
     if abi < 1:
-        if policy.required & set(landlock.features(1)):
-            raise _SetupFailed("landlock: not available")
         return
     try:
-        landlock.restrict(policy.read_paths, write_paths(run.workdir, mechanisms), abi=abi)
-    except OSError as error:
-        if policy.required & set(landlock.features(1)):
-            raise _SetupFailed(f"landlock: {error}") from None
-        return
+        landlock.restrict(policy.read_paths, writable, abi=abi)
+    except OSError:
+        return  # reported as missing; fatal when required (checked by the caller)
     mechanisms.extend(landlock.features(abi))
 
 

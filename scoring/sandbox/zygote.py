@@ -1,28 +1,24 @@
-"""The zygote: the process every sandboxed run is forked from.
+"""Starting the sandbox and talking to it: the worker's side and the host's serve loop.
 
-A scoring worker forks its zygote at start-up, before it reads its first request, so the zygote's
-memory holds no task (no expected output, no other task's program) and, because the pool starts
-workers with a short environment allowlist, no secret. The zygote imports what the jobs need
-(evalplus, numpy), probes which sandbox mechanisms this machine allows, and then serves runs one
-at a time: for each, :func:`alodlm_scoring.sandbox.process.execute` forks the supervisor / init /
-program tree and the zygote relays the result.
+A scoring worker calls :meth:`Zygote.start` before it reads its first request: it forks the
+outer process, which enters the namespaces and forks the host (pid 1 of the sandbox, the zygote
+every run is forked from; :mod:`alodlm_scoring.sandbox.process` describes both). The host imports
+the jobs' libraries (evalplus, numpy) before it builds the program's filesystem (the project's own
+files are not in it), probes which mechanisms work with one run, and serves runs one at a time.
 
-The worker talks to its zygote over a private socket pair with length-prefixed pickles (both ends
-are trusted code; no sandboxed process holds the socket). The zygote dies with its worker
-(``PR_SET_PDEATHSIG``).
+The worker talks to the host over a private socket pair with length-prefixed pickles (both ends
+are trusted code; no program process holds the socket). The host dies with the outer process and
+the outer process with the worker (``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import pickle
-import shutil
 import signal
 import socket
 import struct
 import sys
-import tempfile
 from typing import Any
 
 from . import linux, mechanisms
@@ -34,7 +30,7 @@ _HEADER = struct.Struct("!Q")
 
 
 class ZygoteError(RuntimeError):
-    """The zygote could not start, or died."""
+    """The sandbox could not start, or died."""
 
 
 def _send(sock: socket.socket, message: Any) -> None:
@@ -59,7 +55,7 @@ def _exactly(sock: socket.socket, size: int) -> bytes:
 
 
 class Zygote:
-    """The worker's handle on its zygote: ``start()``, then ``run(Run) -> Result``."""
+    """The worker's handle on its sandbox: ``start()``, then ``run(Run) -> Result``."""
 
     def __init__(self, scratch: str, *, disabled: frozenset[str] = frozenset(),
                  limits: Limits = Limits()) -> None:
@@ -70,23 +66,23 @@ class Zygote:
         self.missing: tuple[str, ...] = ()
         self._sock: socket.socket | None = None
         self._pid: int | None = None
-        self._runs = 0
 
     @property
     def pid(self) -> int | None:
+        """The outer process's id (the host is its only child)."""
         return self._pid
 
     def start(self) -> "Zygote":
-        """Fork the zygote (the caller must be single-threaded) and wait for its probe."""
+        """Fork the sandbox (the caller must be single-threaded) and wait for its probe."""
         if not sys.platform.startswith("linux"):
             raise ZygoteError("the code sandbox needs Linux")
         parent, child = socket.socketpair()
         worker = os.getpid()
         pid = os.fork()
-        if pid == 0:
+        if pid == 0:  # ---- outer process
             try:
                 parent.close()
-                _serve(child, worker, self.scratch, self.disabled, self.limits)
+                _outer(child, worker, self.scratch, self.disabled, self.limits)
             finally:
                 os._exit(0)
         child.close()
@@ -95,7 +91,7 @@ class Zygote:
             hello = _receive(parent)
         except (EOFError, OSError) as error:
             self.close()
-            raise ZygoteError(f"the sandbox zygote did not start: {error}") from None
+            raise ZygoteError(f"the code sandbox did not start: {error}") from None
         if "error" in hello:
             self.close()
             raise ZygoteError(hello["error"])
@@ -104,16 +100,15 @@ class Zygote:
         return self
 
     def run(self, run: Run) -> Result:
-        """Execute one run (``run.workdir`` is filled in here) and return its result."""
+        """Execute one run and return its result; a sandbox that died gives ``lost``."""
         if self._sock is None:
-            raise ZygoteError("the sandbox zygote is not running")
+            return Result("lost", error="the code sandbox is not running")
         try:
             _send(self._sock, run)
-            reply = _receive(self._sock)
+            return _receive(self._sock)
         except (EOFError, OSError) as error:
             self.close()
-            raise ZygoteError(f"the sandbox zygote died: {error}") from None
-        return reply
+            return Result("lost", error=f"the code sandbox died: {error}")
 
     def close(self) -> None:
         if self._sock is not None:
@@ -121,7 +116,7 @@ class Zygote:
             self._sock = None
         if self._pid is not None:
             try:
-                os.kill(self._pid, signal.SIGKILL)
+                os.kill(self._pid, signal.SIGKILL)  # the host dies with it
                 os.waitpid(self._pid, 0)
             except (ProcessLookupError, ChildProcessError):
                 pass
@@ -129,91 +124,73 @@ class Zygote:
 
 
 # --------------------------------------------------------------------------------------------
-# The zygote process
+# The outer process and the host
 # --------------------------------------------------------------------------------------------
 
 
-def _serve(sock: socket.socket, worker: int, scratch: str, disabled: frozenset[str],
+def _outer(sock: socket.socket, worker: int, scratch: str, disabled: frozenset[str],
            limits: Limits) -> None:
-    try:
-        linux.close_fds_except([sock.fileno(), 2])
-        linux.set_parent_death_signal()
-        if os.getppid() != worker:
-            return
-        null = os.open(os.devnull, os.O_RDWR)
-        os.dup2(null, 0)
-        os.dup2(null, 1)
-        os.close(null)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        from . import jobs  # evalplus and numpy load here, once, before any fork
-        from .process import execute
+    from .process import enter_namespaces
 
-        policy = Policy(read_paths=mechanisms.read_paths(), environment=mechanisms.environment(),
-                        limits=limits, disabled=disabled)
-        found = _probe(policy, jobs.JOBS, scratch, execute)
-        policy = Policy(policy.read_paths, policy.environment, limits, disabled, frozenset(found))
+    linux.close_fds_except([sock.fileno(), 2])
+    linux.set_parent_death_signal()
+    if os.getppid() != worker:
+        return
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.close(null)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    policy = Policy(read_paths=mechanisms.read_paths(), environment=mechanisms.environment(),
+                    limits=limits, disabled=disabled)
+    namespaces = enter_namespaces(policy)
+    host = os.fork()
+    if host == 0:
+        try:
+            _host(sock, os.getppid(), scratch, policy, namespaces)
+        finally:
+            os._exit(0)
+    sock.close()  # the worker sees the host's end of the socket close when the host dies
+    os.waitpid(host, 0)
+
+
+def _host(sock: socket.socket, outer: int, scratch: str, policy: Policy,
+          namespaces: list[str]) -> None:
+    linux.set_parent_death_signal()
+    if os.getppid() != outer:
+        return
+    try:
+        from . import jobs  # evalplus and numpy load here, before the filesystem is built
+        from .process import Host, default_signals
+
+        default_signals()
+        host = Host(policy, jobs.JOBS, namespaces, scratch)
+        host.setup()
+        linux.set_dumpable(False)
+        probe = host.run(Run(timeout=60.0, job="probe"))
+        if probe.status != "exited" or probe.code != 0 or b'"probe": "ok"' not in probe.output:
+            raise RuntimeError(f"the probe run failed ({probe.status}"
+                               f"{': ' + probe.error if probe.error else ''})")
+        found = mechanisms.ordered(probe.mechanisms)
+        host.policy = Policy(policy.read_paths, policy.environment, policy.limits,
+                             policy.disabled, frozenset(found))
         _send(sock, {"mechanisms": found, "missing": mechanisms.missing(found)})
     except BaseException as error:  # noqa: BLE001 - reported to the worker
         try:
-            _send(sock, {"error": f"the sandbox zygote failed to start: "
+            _send(sock, {"error": f"the code sandbox failed to start: "
                                   f"{type(error).__name__}: {error}"})
         finally:
             return
-    private = "private-workdir" in found or "minimal-root" in found
-    mountpoint = os.path.join(scratch, "run")
-    root = os.path.join(scratch, "root")
-    os.makedirs(mountpoint, exist_ok=True)
-    os.makedirs(root, exist_ok=True)
-    count = 0
     while True:
         try:
             run = _receive(sock)
         except (EOFError, OSError):
             return
-        count += 1
-        workdir = mountpoint if private else os.path.join(scratch, f"run-{count}")
-        if not private:
-            os.makedirs(workdir)
-        run = dataclasses.replace(run, workdir=workdir, root=root)
         try:
-            result = execute(run, policy, jobs.JOBS)
+            result = host.run(run)
         except BaseException as error:  # noqa: BLE001
-            result = Result("setup_failed", error=f"{type(error).__name__}: {error}")
-        finally:
-            if not private:
-                _remove_tree(workdir)
+            result = Result("lost", error=f"{type(error).__name__}: {error}")
         try:
             _send(sock, result)
         except OSError:
             return
-
-
-def _probe(policy: Policy, jobs: dict, scratch: str, execute) -> list[str]:
-    """One best-effort run of the probe job; the mechanisms it applied become required."""
-    workdir = tempfile.mkdtemp(prefix="probe-", dir=scratch)
-    root = tempfile.mkdtemp(prefix="probe-root-", dir=scratch)
-    try:
-        result = execute(Run(timeout=60.0, workdir=workdir, job="probe", root=root), policy, jobs)
-    finally:
-        _remove_tree(workdir)
-        _remove_tree(root)
-    if result.status != "exited" or result.code != 0 or b'"probe": "ok"' not in result.output:
-        raise RuntimeError(f"the sandbox probe run failed ({result.status}"
-                           f"{': ' + result.error if result.error else ''})")
-    return mechanisms.ordered(result.mechanisms)
-
-
-def _remove_tree(path: str) -> None:
-    """Remove a run's directory even where the program took its own permissions away."""
-    def unlock(function, name, _):
-        try:
-            os.chmod(os.path.dirname(name), 0o700)
-            os.chmod(name, 0o700)
-        except OSError:
-            pass
-        try:
-            function(name)
-        except OSError:
-            pass
-
-    shutil.rmtree(path, onerror=unlock)
