@@ -508,14 +508,14 @@ class ScoringPool:
             else:
                 self._describe(worker)
                 outcome = self._outcome(record, reply)
-                if outcome is not None:
-                    if outcome.failure is not None:
-                        self._warn(f"code scoring of benchmark {record.get('benchmark')!r} id "
-                                   f"{record.get('id')!r}: {reply.get('detail')}; scored "
-                                   f"incorrect ({outcome.failure})")
+                if outcome is not None and outcome.failure is None:
                     return outcome
-                reason = PROTOCOL_REASON
-                detail = "received a malformed verdict on the verdict channel"
+                if outcome is not None:  # the sandbox failed: a fresh worker gets a fresh one
+                    reason = outcome.failure
+                    detail = f"could not be run: {reply.get('detail')}"
+                else:
+                    reason = PROTOCOL_REASON
+                    detail = "received a malformed verdict on the verdict channel"
             self._retire(worker)
             if self._closed:
                 replacement = None

@@ -113,3 +113,45 @@ def test_missing_mechanisms_are_named_in_one_warning_and_the_run_goes_on(tmp_pat
                 if "code sandbox runs without" in line]
     assert len(warnings) == 1
     assert "user-namespace" in warnings[0] and "landlock-filesystem" in warnings[0]
+
+
+def test_a_lost_sandbox_scores_its_task_incorrect_and_a_fresh_worker_goes_on():
+    import psutil
+
+    task = suites.python_task("p")
+    with ScoringPool(1) as pool:
+        assert pool.score(task, suites.identity_code("x")).correct is True
+        (worker,) = pool._workers
+        for child in psutil.Process(worker.process.pid).children():
+            child.kill()  # the sandbox's outer process: the host dies with it
+        lost = pool.score(task, suites.identity_code("x"))
+        assert (lost.correct, lost.extracted, lost.failure) == (False, None, "code_sandbox_failure")
+        assert pool.score(task, suites.identity_code("x")).correct is True
+
+
+def test_strict_without_the_sandbox_is_a_flag_error(tmp_path, capsys):
+    from alodlm_jax.cli import evaluate
+
+    pairs = [(suites.python_task("p"), suites.identity_code("x"))]
+    tasks_path, predictions_path = suites.write_suite(tmp_path, pairs)
+    status = evaluate.main(["alodlm-jax-evaluate", f"--input={tasks_path}",
+                            f"--predictions={predictions_path}", f"--output={tmp_path / 'out'}",
+                            "--code_verdicts=strict", "--code_sandbox=off"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(lines) == 1
+    assert "--code_verdicts=strict needs the code sandbox (--code_sandbox=on)" in lines[0]
+    assert not (tmp_path / "out" / "predictions.jsonl").exists()
+
+
+def test_the_command_records_strict_rules(tmp_path, capsys):
+    from alodlm_jax.cli import evaluate
+
+    pairs = [(suites.python_task("p"), "```python\n" + hostile.TRICKS[0].program + "```")]
+    tasks_path, predictions_path = suites.write_suite(tmp_path, pairs)
+    status = evaluate.main(["alodlm-jax-evaluate", f"--input={tasks_path}",
+                            f"--predictions={predictions_path}", f"--output={tmp_path / 'out'}",
+                            "--code_verdicts=strict", "--workers=1"])
+    assert status == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["protocol"]["code_verdicts"] == "strict"
+    assert summary["benchmarks"]["mbpp"]["correct"] == 0  # the early sys.exit(0) is not a pass
