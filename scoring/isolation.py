@@ -250,14 +250,15 @@ class _Worker:
         readable, _, _ = select.select([self.process.stdout.fileno()], [], [], 0)
         return bool(readable)
 
-    def request(self, record: Mapping[str, Any], generation: str, timeout: float) -> dict:
-        """Send one request and return its reply object; raises _Timeout, _Died or _Protocol."""
+    def request(self, fields: Mapping[str, Any], timeout: float) -> dict:
+        """Send one request (``fields`` plus a fresh nonce) and return its reply object;
+        raises _Timeout, _Died or _Protocol."""
         deadline = time.monotonic() + timeout
         self._await_ready()
         if self._stray_data():
             raise _Protocol("data arrived between requests")
         nonce = secrets.token_hex(16)
-        payload = json.dumps({"nonce": nonce, "record": record, "generation": generation})
+        payload = json.dumps({"nonce": nonce, **fields})
         try:
             self.process.stdin.write(payload.encode("utf-8") + b"\n")
             self.process.stdin.flush()
@@ -411,6 +412,21 @@ class ScoringPool:
         """Score one task and wait for it."""
         return self.submit(record, generation).result()
 
+    def submit_groundtruth(self, name: str, *, program: str, entry_point: str, inputs: list,
+                           output_not_none: bool, timeout: float) -> concurrent.futures.Future:
+        """Run a trusted canonical solution (evalplus's ``trusted_exec``) in a worker's sandbox;
+        the future yields ``(outputs, seconds)`` or raises ``RuntimeError`` naming ``name``."""
+        if self._closed:
+            raise RuntimeError("the scoring pool is closed")
+        if self._executor is None:
+            self._start()
+        from . import plaindata
+
+        job = {"program": program, "entry_point": entry_point,
+               "inputs": plaindata.encode(inputs), "output_not_none": output_not_none,
+               "timeout": timeout}
+        return self._executor.submit(self._groundtruth, name, job)
+
     def close(self, *, kill: bool = False) -> None:
         """Stop every worker and remove the scratch directory.
 
@@ -491,7 +507,7 @@ class ScoringPool:
             timeout_for = self._timeout_for or parent_timeout
             timeout = timeout_for(record)
             try:
-                reply = worker.request(record, generation, timeout)
+                reply = worker.request({"record": record, "generation": generation}, timeout)
             except _Timeout:
                 reason = TIMEOUT_REASON if is_code_task(record) else NON_CODE_TIMEOUT_REASON
                 detail = f"exceeded the parent-side timeout of {timeout:g} s"
@@ -524,6 +540,33 @@ class ScoringPool:
             self._warn(f"code scoring of benchmark {record.get('benchmark')!r} id "
                        f"{record.get('id')!r} {detail}; scored incorrect ({reason})")
             return Outcome(False, None, reason)
+        finally:
+            if replacement is not None:
+                self._idle.put(replacement)
+
+    def _groundtruth(self, name: str, job: dict) -> tuple[list, list[float]]:
+        from . import plaindata
+
+        worker = self._idle.get()
+        replacement = worker
+        try:
+            try:
+                reply = worker.request({"groundtruth": job}, job["timeout"] + 30.0)
+            except (_Timeout, _Died, _Protocol) as error:
+                self._retire(worker)
+                replacement = None if self._closed else self._new_worker()
+                raise RuntimeError(f"{name}: the scoring worker failed while measuring the "
+                                   f"canonical solution ({type(error).__name__.strip('_')})") from None
+            self._describe(worker)
+            if "error" in reply:
+                raise RuntimeError(f"{name}: {reply.get('message')}")
+            result = reply.get("groundtruth") or {}
+            try:
+                outputs = [plaindata.decode(value) for value in result["outputs"]]
+                seconds = [float(value) for value in result["seconds"]]
+            except (KeyError, TypeError, ValueError, plaindata.Unrepresentable):
+                raise RuntimeError(f"{name}: a malformed ground-truth reply") from None
+            return outputs, seconds
         finally:
             if replacement is not None:
                 self._idle.put(replacement)

@@ -132,6 +132,9 @@ def _serve(line: bytes | str, rules: str, sandbox) -> tuple[dict, bool]:
 
         request = json.loads(line)
         nonce = request.get("nonce")
+        if "groundtruth" in request:
+            return {"nonce": nonce,
+                    "groundtruth": _groundtruth(request["groundtruth"], sandbox)}, runs_programs
         record = request["record"]
         runs_programs = runs_programs and record.get("metric") != "math"
         try:
@@ -148,6 +151,48 @@ def _serve(line: bytes | str, rules: str, sandbox) -> tuple[dict, bool]:
             "type": type(error).__name__,
             "message": str(error),
         }, runs_programs
+
+
+def _groundtruth(job: dict, sandbox) -> dict:
+    """A canonical solution's outputs (plain data) and timings, by evalplus's ``trusted_exec``:
+    in the sandbox, or, with the sandbox off, in a fresh child of this worker."""
+    from . import plaindata, sandboxed
+
+    inputs = plaindata.decode(job["inputs"])
+    arguments = {"program": job["program"], "entry_point": job["entry_point"], "inputs": inputs,
+                 "output_not_none": bool(job["output_not_none"])}
+    if sandbox is not None:
+        outputs, seconds = sandboxed.groundtruth(sandbox, timeout=float(job["timeout"]),
+                                                 **arguments)
+    else:
+        outputs, seconds = _groundtruth_unsandboxed(arguments, float(job["timeout"]))
+    return {"outputs": [plaindata.encode(output) for output in outputs], "seconds": seconds}
+
+
+def _groundtruth_unsandboxed(arguments: dict, timeout: float) -> tuple[list, list[float]]:
+    import subprocess
+
+    from . import plaindata
+
+    code = ("import json, sys\n"
+            "from alodlm_scoring import plaindata\n"
+            "from evalplus.gen.util import trusted_exec\n"
+            "job = json.loads(sys.stdin.read())\n"
+            "outputs, seconds = trusted_exec(job['program'], plaindata.decode(job['inputs']),\n"
+            "    job['entry_point'], record_time=True, output_not_none=job['output_not_none'])\n"
+            "print(json.dumps({'outputs': [plaindata.encode(o) for o in outputs],\n"
+            "                  'seconds': seconds}))\n")
+    job = dict(arguments, inputs=plaindata.encode(arguments["inputs"]))
+    try:
+        completed = subprocess.run([sys.executable, "-c", code], input=json.dumps(job),
+                                   capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"the canonical solution ran longer than {timeout:g} s") from None
+    if completed.returncode != 0:
+        last = (completed.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"the canonical solution failed: {last}")
+    result = json.loads(completed.stdout)
+    return [plaindata.decode(value) for value in result["outputs"]], result["seconds"]
 
 
 def _start_sandbox(mode: str, rules: str) -> tuple[object | None, dict]:

@@ -42,13 +42,14 @@ class Sandbox:
     """A started zygote plus the two ways to use it: a command or a job."""
 
     def __init__(self, *, scratch: str | None = None, disabled: frozenset[str] | None = None,
-                 limits: Limits = Limits()) -> None:
+                 limits: Limits | None = None) -> None:
         from .zygote import Zygote
 
         self._own_scratch = scratch is None
         self.scratch = scratch or tempfile.mkdtemp(prefix="alodlm-sandbox-")
         disabled = disabled_from_environment() if disabled is None else disabled
-        self._zygote = Zygote(self.scratch, disabled=frozenset(disabled), limits=limits)
+        self._zygote = Zygote(self.scratch, disabled=frozenset(disabled),
+                              limits=Limits.for_machine() if limits is None else limits)
 
     def start(self) -> "Sandbox":
         self._zygote.start()

@@ -28,6 +28,8 @@ import os
 import stat
 from typing import Iterable
 
+from .linux import libc
+
 __all__ = ["abi_version", "restrict", "LandlockError", "features"]
 
 _SYS_CREATE_RULESET = 444
@@ -78,15 +80,8 @@ class _PathBeneathAttr(ctypes.Structure):
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
-_libc = None
-
-
 def _syscall():
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-        _libc.syscall.restype = ctypes.c_long
-    return _libc.syscall
+    return libc().syscall
 
 
 def abi_version() -> int:

@@ -21,7 +21,7 @@ __all__ = [
     "bind_mount", "remount_read_only", "unmount_if_mounted", "pivot_to",
     "mount_proc", "set_parent_death_signal", "set_no_new_privs", "set_dumpable",
     "set_child_subreaper", "drop_capabilities", "hard_limits", "close_fds_except",
-    "kill_children",
+    "kill_children", "libc",
 ]
 
 CLONE_NEWNS = 0x00020000
@@ -57,7 +57,8 @@ _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 _libc = None
 
 
-def _c():
+def libc():
+    """The C library, with ``errno`` kept (``ctypes.get_errno``) and ``syscall`` returning a long."""
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
@@ -73,7 +74,7 @@ def _check(result: int, call: str) -> int:
 
 
 def unshare(flags: int) -> None:
-    _check(_c().unshare(ctypes.c_int(flags)), "unshare")
+    _check(libc().unshare(ctypes.c_int(flags)), "unshare")
 
 
 def _write(path: str, text: str) -> None:
@@ -99,7 +100,7 @@ def map_to_root(uid: int, gid: int) -> None:
 def _mount(source: str | None, target: str, fstype: str | None, flags: int,
            data: str | None = None) -> None:
     encode = lambda s: None if s is None else s.encode()  # noqa: E731
-    _check(_c().mount(encode(source), encode(target), encode(fstype), ctypes.c_ulong(flags),
+    _check(libc().mount(encode(source), encode(target), encode(fstype), ctypes.c_ulong(flags),
                       encode(data)), f"mount({target!r})")
 
 
@@ -120,7 +121,7 @@ def make_mounts_read_only(target: str = "/") -> None:
     ``/proc/self/mountinfo`` at or below ``target`` is remounted read-only, deepest first.
     """
     attr = _MountAttr(_MOUNT_ATTR_RDONLY, 0, 0, 0)
-    result = _c().syscall(ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_int(_AT_FDCWD),
+    result = libc().syscall(ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_int(_AT_FDCWD),
                           target.encode(), ctypes.c_uint(_AT_RECURSIVE), ctypes.byref(attr),
                           ctypes.c_size_t(ctypes.sizeof(attr)))
     if result == 0:
@@ -137,7 +138,7 @@ def make_mounts_read_only(target: str = "/") -> None:
 
 def unmount_if_mounted(target: str) -> None:
     """Detach the mount at ``target``, if there is one (its files go when nothing uses them)."""
-    if _c().umount2(target.encode(), ctypes.c_int(_MNT_DETACH)) < 0:
+    if libc().umount2(target.encode(), ctypes.c_int(_MNT_DETACH)) < 0:
         error = ctypes.get_errno()
         if error not in (errno.EINVAL, errno.ENOENT):  # not a mount point, or no such path
             raise OSError(error, f"umount2({target!r}): {os.strerror(error)}")
@@ -166,8 +167,8 @@ def pivot_to(new_root: str) -> None:
     if number is None:
         raise OSError(errno.ENOSYS, f"pivot_root: unknown system call number on {os.uname().machine}")
     os.chdir(new_root)
-    _check(_c().syscall(ctypes.c_long(number), b".", b"."), "pivot_root")
-    _check(_c().umount2(b".", ctypes.c_int(_MNT_DETACH)), "umount2(old root)")
+    _check(libc().syscall(ctypes.c_long(number), b".", b"."), "pivot_root")
+    _check(libc().umount2(b".", ctypes.c_int(_MNT_DETACH)), "umount2(old root)")
     os.chdir("/")
 
 
@@ -183,7 +184,7 @@ def mount_proc(target: str = "/proc") -> None:
 
 
 def _prctl(option: int, arg: int = 0, call: str = "prctl") -> None:
-    _check(_c().prctl(ctypes.c_int(option), ctypes.c_ulong(arg), ctypes.c_ulong(0),
+    _check(libc().prctl(ctypes.c_int(option), ctypes.c_ulong(arg), ctypes.c_ulong(0),
                       ctypes.c_ulong(0), ctypes.c_ulong(0)), call)
 
 
@@ -227,10 +228,10 @@ def drop_capabilities() -> bool:
     namespace). A process without ``CAP_SETPCAP`` cannot shrink its bounding set; with no
     permitted capabilities it has nothing to drop either.
     """
-    libc = _c()
+    c = libc()
     header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
     current = (_CapData * 2)()
-    _check(libc.capget(ctypes.byref(header), current), "capget")
+    _check(c.capget(ctypes.byref(header), current), "capget")
     held = any(data.permitted or data.effective or data.inheritable for data in current)
     if not held:
         return False
@@ -245,7 +246,7 @@ def drop_capabilities() -> bool:
             if error.errno != errno.EINVAL:
                 raise
     header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
-    _check(libc.capset(ctypes.byref(header), (_CapData * 2)()), "capset")
+    _check(c.capset(ctypes.byref(header), (_CapData * 2)()), "capset")
     return True
 
 
@@ -253,7 +254,9 @@ def hard_limits(limits: dict[int, int]) -> None:
     """Set each resource limit as soft and hard (never above an existing hard limit)."""
     for name, value in limits.items():
         _, hard = resource.getrlimit(name)
-        if hard != resource.RLIM_INFINITY:
+        if value == resource.RLIM_INFINITY:
+            value = hard
+        elif hard != resource.RLIM_INFINITY:
             value = min(value, hard)
         resource.setrlimit(name, (value, value))
 

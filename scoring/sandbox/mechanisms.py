@@ -55,13 +55,15 @@ ALL = (
 # Mechanisms a machine may legitimately lack without it being a gap worth a warning.
 _OPTIONAL = {"capabilities-dropped", "private-run", "private-tmp"}
 
-# Variables a program may see (their values are copied from the worker's environment).
+# Variables a program may see (their values are copied from the worker's environment);
+# EVALPLUS_MAX_MEMORY_BYTES because it changes evalplus's verdicts.
 ALLOWED_VARIABLES = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_NUMERIC", "LC_TIME",
-                     "LC_COLLATE", "LC_MONETARY", "LC_MESSAGES", "TZ", "TERM")
+                     "LC_COLLATE", "LC_MONETARY", "LC_MESSAGES", "TZ", "TERM",
+                     "EVALPLUS_MAX_MEMORY_BYTES")
 # Variables the scoring worker itself needs besides those (never secrets): how to find the
 # project's packages, and evalplus's memory setting, which changes verdicts.
-_WORKER_VARIABLES = ("PYTHONPATH", "PYTHONHASHSEED", "EVALPLUS_MAX_MEMORY_BYTES",
-                     "ALODLM_SANDBOX_DISABLE", "ALODLM_WORKER_SCRATCH", "TMPDIR", "HOME")
+_WORKER_VARIABLES = ("PYTHONPATH", "PYTHONHASHSEED", "ALODLM_SANDBOX_DISABLE",
+                     "ALODLM_WORKER_SCRATCH", "TMPDIR", "HOME")
 _SYSTEM_READ_PATHS = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin",
                       "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime",
                       "/etc/timezone", "/etc/passwd", "/etc/group", "/etc/nsswitch.conf",

@@ -75,6 +75,28 @@ class Limits:
     workdir_bytes: int = 512 * 1024**2
     tmp_bytes: int = 256 * 1024**2
 
+    @classmethod
+    def for_machine(cls, environ: Mapping[str, str] | None = None) -> "Limits":
+        """The defaults with the address-space cap the reference's children get: python_tests'
+        4 GiB and evalplus's ``EVALPLUS_MAX_MEMORY_BYTES`` (default 4 GiB; ``-1``: none), each
+        at most the machine's memory. The hard cap is the larger of the two, so that neither
+        program's own limit can fail against it."""
+        environ = os.environ if environ is None else environ
+        default = 4 * 1024**3
+        try:
+            physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            physical = None
+        at_most = (lambda value: min(value, physical)) if physical else (lambda value: value)
+        try:
+            setting = int(environ.get("EVALPLUS_MAX_MEMORY_BYTES", default))
+        except ValueError:
+            setting = default
+        evalplus = resource.RLIM_INFINITY if setting == -1 else at_most(setting)
+        cap = (resource.RLIM_INFINITY if evalplus == resource.RLIM_INFINITY
+               else max(at_most(default), evalplus))
+        return cls(address_space_bytes=cap)
+
 
 @dataclasses.dataclass(frozen=True)
 class Policy:

@@ -155,3 +155,24 @@ def test_the_command_records_strict_rules(tmp_path, capsys):
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["protocol"]["code_verdicts"] == "strict"
     assert summary["benchmarks"]["mbpp"]["correct"] == 0  # the early sys.exit(0) is not a pass
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_groundtruth_of_a_canonical_solution(mode):
+    """Expected outputs and timings measured by evalplus's trusted_exec in a worker (its sandbox
+    when on), as plain data: tuples and sets survive; a failing solution is named."""
+    program = "def f(a, b):\n    return (a, {b}), [a] * 2\n"
+    with ScoringPool(1, sandbox=mode) as pool:
+        outputs, seconds = pool.submit_groundtruth(
+            "HumanEval/0", program=program, entry_point="f", inputs=[[1, 2], [3, "x"]],
+            output_not_none=False, timeout=30).result()
+        assert outputs == [((1, {2}), [1, 1]), ((3, {"x"}), [3, 3])]
+        assert len(seconds) == 2 and all(0 <= s < 5 for s in seconds)
+        assert pool.submit_groundtruth("MbppPlus/1", program="def g(x):\n    return None\n",
+                                       entry_point="g", inputs=[[1]], output_not_none=True,
+                                       timeout=30).result()[0] == [False]
+        failing = pool.submit_groundtruth("HumanEval/1", program="def f(a):\n    return 1 / a\n",
+                                          entry_point="f", inputs=[[0]], output_not_none=False,
+                                          timeout=30)
+        with pytest.raises(RuntimeError, match="HumanEval/1: .*ZeroDivisionError"):
+            failing.result()
