@@ -359,19 +359,21 @@ class Host:
         output = bytearray()
         truncated = False
         wait_status = None
+        watched = [result_read, pidfd]
         try:
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                readable, _, _ = select.select([result_read, pidfd], [], [], remaining)
+                readable, _, _ = select.select(watched, [], [], remaining)
                 if result_read in readable:
                     chunk = os.read(result_read, 1 << 16)
-                    if len(output) + len(chunk) > max_output:
+                    if not chunk:
+                        watched = [pidfd]  # every writer closed it; the program may still run
+                    elif len(output) + len(chunk) > max_output:
                         truncated = True  # keep draining: the program must not block on it
                     else:
                         output += chunk
-                    if chunk:
                         continue
                 if pidfd in readable:
                     _, wait_status = os.waitpid(program, 0)
