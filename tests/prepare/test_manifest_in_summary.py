@@ -81,3 +81,56 @@ def test_a_broken_or_foreign_manifest_is_a_one_line_error(suite, tmp_path, capsy
     assert str(manifest) in line and needle in line
     assert not (tmp_path / "rescored" / "summary.json").exists()
     assert not (tmp_path / "rescored" / "predictions.jsonl").exists()
+
+
+class _FixedGenerator:
+    """Stands in for the model: the same answer for every prompt (the protocol is under test)."""
+
+    def warmup(self, prompt):
+        pass
+
+    def generate(self, prompt):
+        from alodlm_jax.decode.result import RESULT_KEYS
+
+        result = dict.fromkeys(RESULT_KEYS)
+        result.update(text="The answer is (B).", token_ids=[1], prompt_tokens=3,
+                      generated_tokens=1, wall_seconds=0.25, exit_depths=[2],
+                      first_pass_halt_probabilities=[0.5], stop_reason="eos")
+        return result
+
+    def protocol_fields(self):
+        return {"device_kind": "cpu", "compile_seconds": 0.0}
+
+
+def test_generate_mode_summary_carries_the_manifest(suite, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(evaluate, "build_generator", lambda *args, **kwargs: _FixedGenerator())
+    output = tmp_path / "generated"
+    status = evaluate.main(["alodlm-jax-evaluate", "--model", "unused", "--input", str(suite),
+                            "--output", str(output), "--device", "cpu", "--workers", "1"])
+    assert status == 0, capsys.readouterr().err
+    protocol = json.loads((output / "summary.json").read_text())["protocol"]
+    assert list(protocol)[-1] == "suite_manifest"
+    assert protocol["suite_manifest"] == json.loads(
+        pathlib.Path(str(suite) + ".manifest.json").read_text())
+
+
+@pytest.mark.slow
+def test_generate_summary_carries_the_manifest(tmp_path, sources, capsys):
+    """The same with the bundled checkpoint (slow: compiles the decoder)."""
+    from alodlm_jax.data import BUILTINS
+
+    suite = tmp_path / "one.jsonl"
+    status, _, err = run_prepare(["--benchmark", "MMLU", "--limit", "1", "--output", str(suite)]
+                                 + source_flags(sources, ("MMLU",)), capsys)
+    assert status == 0, err
+    output = tmp_path / "generated"
+    status = evaluate.main(["alodlm-jax-evaluate", "--model", str(BUILTINS["builtin:tiny"]),
+                            "--input", str(suite), "--output", str(output), "--device", "cpu",
+                            "--engine", "portable", "--max-new-tokens", "2", "--window-size", "2",
+                            "--workers", "1"])
+    assert status == 0, capsys.readouterr().err
+    protocol = json.loads((output / "summary.json").read_text())["protocol"]
+    assert protocol["decoder"] == "jax-xla-portable"
+    assert list(protocol)[-1] == "suite_manifest"
+    assert protocol["suite_manifest"] == json.loads(
+        pathlib.Path(str(suite) + ".manifest.json").read_text())
