@@ -4,10 +4,10 @@ Modules: ``benchmarks`` (the guide's eleven benchmarks: metric, default source, 
 ``sources`` (hub datasets and local files through ``datasets``; EvalPlus release files through
 evalplus), ``choices``, ``problems`` and ``programs`` (source rows to items, per kind of task),
 ``templates`` (Jinja prompt templates and the checkpoint's chat template), ``literals`` (JSON or
-Python literal for EvalPlus suites), ``groundtruth_cache``, ``manifest``, ``suite`` (the whole
-preparation) and ``fixtures`` (hand-made rows in each source's real layout, for tests and the
-bundled sample suite). Expected outputs and timings are measured by
-:mod:`alodlm_scoring.groundtruth`.
+Python literal for EvalPlus suites), ``groundtruth_cache``, ``manifest``, ``files`` (atomic
+writes), ``suite`` (the whole preparation), ``fixtures`` (hand-made rows in each source's real
+layout, for tests and the bundled sample suite) and ``sample_slice`` (the bundled suite's prepared
+part). Expected outputs and timings are measured by :mod:`alodlm_scoring.groundtruth`.
 
 This package imports no JAX.
 """

@@ -15,10 +15,11 @@ import hashlib
 import json
 import os
 import pathlib
-import tempfile
 
 from alodlm_scoring import plaindata
 from alodlm_scoring.groundtruth import Job, Measured
+
+from .files import write_atomically
 
 __all__ = ["GroundTruthCache", "cache_directory", "job_key"]
 
@@ -62,16 +63,5 @@ class GroundTruthCache:
             return
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps({"outputs": plaindata.encode(measured.outputs),
-                           "seconds": list(measured.seconds)})
-        fd, temporary = tempfile.mkstemp(prefix=".entry.", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
-            os.replace(temporary, path)
-        except BaseException:
-            try:
-                os.unlink(temporary)
-            except FileNotFoundError:
-                pass
-            raise
+        write_atomically(path, json.dumps({"outputs": plaindata.encode(measured.outputs),
+                                           "seconds": list(measured.seconds)}))

@@ -13,7 +13,6 @@ import dataclasses
 import json
 import os
 import sys
-import tempfile
 from typing import Any, Mapping, Sequence, TextIO
 
 from alodlm_scoring.groundtruth import GroundTruthError, Job, Measured, measure
@@ -21,6 +20,7 @@ from alodlm_scoring.manifest import manifest_path
 from alodlm_scoring.tasks import load_tasks, sha256_file
 
 from .benchmarks import Benchmark
+from .files import temporary_next_to
 from .groundtruth_cache import GroundTruthCache, job_key
 from .items import BuildContext, Item, ItemError
 from .literals import Unwritable, suite_field
@@ -261,23 +261,12 @@ def _rows(part: _Prepared, chat: ChatWrapper | None,
     return rows
 
 
-def _temporary(path: str, text: str) -> str:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, temporary = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
-                                     dir=directory)
-    with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    return temporary
-
-
 def _write(output: str, text: str, manifest_of) -> dict[str, Any]:
     """Write the suite and its manifest atomically, after the evaluate loader accepted the rows."""
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     temporaries = []
     try:
-        suite = _temporary(output, text)
+        suite = temporary_next_to(output, text)
         temporaries.append(suite)
         try:
             load_tasks(suite)
@@ -285,8 +274,8 @@ def _write(output: str, text: str, manifest_of) -> dict[str, Any]:
             raise PrepareBug("a prepared row failed the evaluate command's validation (a bug in "
                              f"alodlm-jax-prepare; please report it): {error}") from None
         manifest = manifest_of(sha256_file(suite))
-        manifest_file = _temporary(manifest_path(output),
-                                   json.dumps(manifest, indent=2) + "\n")
+        manifest_file = temporary_next_to(manifest_path(output),
+                                          json.dumps(manifest, indent=2) + "\n")
         temporaries.append(manifest_file)
         os.replace(suite, output)
         os.replace(manifest_file, manifest_path(output))
