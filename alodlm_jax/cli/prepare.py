@@ -10,8 +10,9 @@ atomically with a manifest (<output>.manifest.json) that evaluate copies into su
 Example: alodlm-jax-prepare --benchmark ARC-C,GSM8K,HumanEval+ --model amazon/ALoDLM-1.7B
   --output suite.jsonl
 
---source, --split, --config, --revision and --template take VALUE (every benchmark named) or
-BENCHMARK=VALUE (that benchmark; repeat the flag for several). This command imports no JAX.
+--source, --split, --config, --revision and --template take VALUE (every benchmark named; for
+--split, --config and --revision every one read through datasets) or BENCHMARK=VALUE (that
+benchmark; repeat the flag for several). This command imports no JAX.
 """
 
 from __future__ import annotations
@@ -62,8 +63,13 @@ flags.DEFINE_integer("workers", None, "Interpreters measuring ground truth at on
                      "min(4, CPU count).", **_D)
 
 
-def per_benchmark(flag: str, values: Sequence[str], names: Sequence[str]) -> dict[str, str]:
-    """``VALUE`` (every benchmark in ``names``) or ``BENCHMARK=VALUE`` entries, by guide name."""
+def per_benchmark(flag: str, values: Sequence[str], names: Sequence[str],
+                  applicable: Sequence[str] | None = None) -> dict[str, str]:
+    """``VALUE`` or ``BENCHMARK=VALUE`` entries, by guide name.
+
+    ``BENCHMARK=VALUE`` sets one of ``names``; a plain ``VALUE`` sets every benchmark of
+    ``applicable`` (default: all of ``names``).
+    """
     from alodlm_prepare.benchmarks import lookup
 
     chosen: dict[str, str] = {}
@@ -80,7 +86,7 @@ def per_benchmark(flag: str, values: Sequence[str], names: Sequence[str]) -> dic
                 raise ValueError(f"--{flag}={value}: {benchmark} is not among --benchmark")
             targets, value = [benchmark], rest
         else:
-            targets = list(names)
+            targets = list(names if applicable is None else applicable)
         for target in targets:
             if target in chosen:
                 raise ValueError(f"--{flag}: {target} is given twice")
@@ -95,15 +101,16 @@ def _prepare() -> int:
 
     benchmarks = lookup(FLAGS.benchmark.split(","))
     names = [b.name for b in benchmarks]
+    hub = [b.name for b in benchmarks if b.release is None]  # EvalPlus release files: no splits
     if FLAGS.workers is not None and FLAGS.workers < 1:
         raise ValueError("--workers must be at least 1")
     options = Options(
         benchmarks=benchmarks,
         output=FLAGS.output,
         sources=per_benchmark("source", FLAGS.source, names),
-        splits=per_benchmark("split", FLAGS.split, names),
-        configs=per_benchmark("config", FLAGS.config, names),
-        revisions=per_benchmark("revision", FLAGS.revision, names),
+        splits=per_benchmark("split", FLAGS.split, names, hub),
+        configs=per_benchmark("config", FLAGS.config, names, hub),
+        revisions=per_benchmark("revision", FLAGS.revision, names, hub),
         templates={name: template_from_file(path)
                    for name, path in per_benchmark("template", FLAGS.template, names).items()},
         limit=FLAGS.limit, model=FLAGS.model, fewshot=FLAGS.fewshot, seed=FLAGS.seed,

@@ -288,3 +288,14 @@ def test_mbpp_sanitized_layout_and_limit(tmp_path, capsys):
 def test_flag_errors(tmp_path, sources, capsys, argv, needle):
     _one_line_error(*run_prepare(["--benchmark", "MMLU", "--output", str(tmp_path / "s.jsonl")]
                                  + source_flags(sources, ("MMLU",)) + argv, capsys), needle)
+
+
+def test_a_plain_split_skips_the_evalplus_sets(tmp_path, sources, capsys):
+    out = tmp_path / "suite.jsonl"
+    status, _, err = run_prepare(["--benchmark", "MMLU,HumanEval", "--split", "test", "--output",
+                                  str(out)] + source_flags(sources, ("MMLU", "HumanEval")), capsys)
+    assert status == 0, err
+    assert _manifest(out)["benchmarks"]["MMLU"]["source"]["split"] == "test"
+    _one_line_error(*run_prepare(["--benchmark", "MMLU,HumanEval", "--split", "HumanEval=test",
+                                  "--output", str(out)] + source_flags(sources, ("MMLU", "HumanEval")),
+                                 capsys), "HumanEval", "no splits")
