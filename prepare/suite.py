@@ -162,7 +162,7 @@ def _read(benchmark: Benchmark, options: Options) -> _Prepared:
 
 
 class _Progress:
-    """A tqdm bar on a terminal; a start and an end line otherwise."""
+    """A tqdm bar on a terminal; otherwise one line saying what is being measured."""
 
     def __init__(self, total: int, stream: TextIO) -> None:
         from tqdm import tqdm
