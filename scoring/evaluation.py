@@ -291,8 +291,11 @@ def rescore_row_checker(predictions: Sequence[Mapping[str, Any]],
 def rescore_protocol(input_path: str | os.PathLike,
                      predictions_path: str | os.PathLike) -> Callable[[Sequence[dict]], dict]:
     """The protocol block of a rescore run (§7.4), given the D3 failures at the end."""
+    from .manifest import suite_manifest
+
     input_sha256 = sha256_file(input_path)
     predictions_sha256 = sha256_file(predictions_path)
+    manifest = suite_manifest(input_path)
 
     def make(failures: Sequence[dict]) -> dict:
         return outputs.protocol_block(
@@ -304,6 +307,7 @@ def rescore_protocol(input_path: str | os.PathLike,
             timing=outputs.RESCORE_TIMING,
             predictions_sha256=predictions_sha256,
             scoring_failures=failures,
+            suite_manifest=manifest,
         )
 
     return make

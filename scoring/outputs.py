@@ -265,11 +265,14 @@ def protocol_block(
     scoring_failures: Sequence[Mapping[str, Any]] = (),
     python_version: str | None = None,
     versions: Mapping[str, str] | None = None,
+    suite_manifest: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``protocol`` object (§7.4): the reference's keys in its order, then the project's.
 
     ``predictions_sha256`` and ``gpu`` are conditional, as in the reference: included only when
-    given. ``device_kind``, ``compile_seconds`` and ``scoring_failures`` are always present.
+    given. ``device_kind``, ``compile_seconds`` and ``scoring_failures`` are always present;
+    ``suite_manifest`` (the task file's manifest, :mod:`alodlm_scoring.manifest`) follows them
+    only when the task file has one.
     """
     block: dict[str, Any] = {
         "decoder": decoder,
@@ -291,6 +294,8 @@ def protocol_block(
     block["scoring_failures"] = [
         {"benchmark": f["benchmark"], "id": f["id"], "reason": f["reason"]} for f in scoring_failures
     ]
+    if suite_manifest is not None:
+        block["suite_manifest"] = dict(suite_manifest)
     return block
 
 

@@ -208,6 +208,7 @@ def build_generator(decode: DecodeConfig, device: str, engine: str | None = None
 def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConfig,
                    progress) -> dict:
     from alodlm_scoring import evaluation, outputs
+    from alodlm_scoring.manifest import suite_manifest
     from alodlm_scoring.tasks import sha256_file
 
     if not FLAGS.model:
@@ -224,6 +225,7 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
 
     device = FLAGS.device or default_device()
     input_sha256 = sha256_file(FLAGS.input)
+    manifest = suite_manifest(FLAGS.input)
     if FLAGS.mesh is not None or _process_info is not None:  # scaling out: local devices, mesh
         from alodlm_jax import sharding
 
@@ -259,6 +261,7 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
             decode=decode.as_dict(),
             timing=outputs.GENERATE_TIMING,
             scoring_failures=failures,
+            suite_manifest=manifest,
             **fields,
         )
         if batch_size > 1:  # after the project's keys; a batch-1 block is unchanged

@@ -3,8 +3,11 @@
 Command-line tools accept these names wherever they take a path:
 
 * ``builtin:tiny`` — ``tiny_checkpoint/``, a random 3-layer ALoDLM in the reference's file format
-  (made with :mod:`alodlm_jax.testing.tiny_checkpoint`; its outputs are random words);
-* ``builtin:sample`` — ``sample_suite/tasks.jsonl``, a small suite with all eight metrics;
+  (:data:`alodlm_jax.testing.tiny_checkpoint.DEMO_SPEC`; its outputs are random words, committed
+  at several depths and several tokens per window);
+* ``builtin:sample`` — ``sample_suite/tasks.jsonl``, a small suite: hand-written rows with all
+  eight metrics, then a slice of the eleven benchmarks prepared by ``alodlm-jax-prepare``
+  (:mod:`alodlm_prepare.sample_slice`);
 * ``builtin:sample-predictions`` — ``sample_suite/predictions.jsonl``, predictions for it.
 """
 

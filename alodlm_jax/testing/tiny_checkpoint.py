@@ -7,7 +7,14 @@ sharded with an index), a word-level tokenizer with a chat template, the exit ga
 checkpoints here, so nothing ever has to be downloaded.
 
 Building needs torch and transformers (the ``test`` extra). The prebuilt demo copy in
-``alodlm_jax/data/tiny_checkpoint`` is made with :func:`main`.
+``alodlm_jax/data/tiny_checkpoint`` is :data:`DEMO_SPEC`, made with :func:`main`::
+
+    python -m alodlm_jax.testing.tiny_checkpoint alodlm_jax/data/tiny_checkpoint --demo
+
+Its LM head is scaled by 128 (peaked logits: entropy mode commits several tokens per window) and
+its exit gate's weight by -0.5 (for seed 42 the unscaled gate puts every first-pass hazard at
+0.77-0.98, so every window halted at depth 1; scaled, the hazards spread around the halting
+threshold and the README demo exits at all four depths).
 
 The tokenizer follows the reference's test fixture (MODEL_AND_DECODING.md §12.1): ids ``<pad>`` 0,
 ``<unk>`` 1, ``</s>`` 2, ``<mask>`` 3, ``user`` 4, ``assistant`` 5, ``system`` 6, ``Return`` 7,
@@ -61,6 +68,9 @@ class TinySpec:
     # Multiplies the LM head so that logits are peaked enough for entropy mode to commit several
     # tokens per pass (random init alone gives near-uniform logits, entropy ~ ln V).
     lm_head_scale: float = 1.0
+    # Multiplies the exit gate's weight (its random part; bias and depth bias stay) so that the
+    # first-pass hazards spread around the halting threshold instead of all exceeding it.
+    gate_scale: float = 1.0
     # Perturbs RMSNorm weights away from 1 so that parity tests exercise them.
     norm_jitter: float = 0.1
     max_shard_size: str | None = None  # e.g. "20KB" for a sharded checkpoint with an index
@@ -73,6 +83,9 @@ class TinySpec:
             base = dict(topology="sandwich", num_layers=3, loop_start=1, loop_end=2)
         base.update(overrides)
         return TinySpec(**base)
+
+
+DEMO_SPEC = TinySpec.for_topology("sandwich", lm_head_scale=128.0, gate_scale=-0.5)
 
 
 def build_tokenizer(vocab_size: int):
@@ -140,7 +153,8 @@ def build_tiny_checkpoint(out_dir: str | pathlib.Path, spec: TinySpec | None = N
 
     gate_gen = torch.Generator().manual_seed(spec.seed + 1)
     gate = {
-        "net.weight": (torch.randn(1, spec.hidden_size, generator=gate_gen) * 0.5).to(torch_dtype),
+        "net.weight": (torch.randn(1, spec.hidden_size, generator=gate_gen) * 0.5
+                       * spec.gate_scale).to(torch_dtype),
         "net.bias": torch.tensor([-0.25]).to(torch_dtype),
         "depth_bias": torch.tensor([-0.7, 0.2, 0.8, 0.0][: spec.max_depth]
                                    + [0.0] * max(0, spec.max_depth - 4)).to(torch_dtype),
@@ -174,9 +188,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--lm_head_scale", type=float, default=1.0)
+    parser.add_argument("--gate_scale", type=float, default=1.0)
+    parser.add_argument("--demo", action="store_true",
+                        help="the bundled demo checkpoint (DEMO_SPEC); other options are ignored")
     args = parser.parse_args(argv)
-    spec = TinySpec.for_topology(args.topology, seed=args.seed, dtype=args.dtype,
-                                 lm_head_scale=args.lm_head_scale)
+    spec = DEMO_SPEC if args.demo else TinySpec.for_topology(
+        args.topology, seed=args.seed, dtype=args.dtype, lm_head_scale=args.lm_head_scale,
+        gate_scale=args.gate_scale)
     print(build_tiny_checkpoint(args.out_dir, spec))
 
 

@@ -150,19 +150,52 @@ def test_evaluate_resume_keeps_generated_rows(sandwich, tmp_path, capsys):
     assert json.loads((out_dir / "summary.json").read_text())["benchmark_count"] == 2
 
 
-def test_packaged_demo_checkpoint_is_small_and_generates(sandwich, capsys):
-    """alodlm_jax/data/tiny_checkpoint is the peaked sandwich fixture (seed 42, lm_head_scale 64)."""
+def test_packaged_demo_checkpoint_is_small_and_generates(tmp_path, capsys):
+    """alodlm_jax/data/tiny_checkpoint is DEMO_SPEC (the sandwich fixture, seed 42, LM head x128,
+    gate weight x-0.5), and the generate command reproduces the PyTorch reference on it."""
+    import hashlib
     import pathlib
 
     import alodlm_jax.data
+    from alodlm_jax.testing.tiny_checkpoint import DEMO_SPEC, build_tiny_checkpoint
+    from alodlm_jax.torch_reference import TorchALoDLM
 
     demo = pathlib.Path(alodlm_jax.data.__file__).parent / "tiny_checkpoint"
     files = {p.name for p in demo.iterdir()}
     assert {"config.json", "model.safetensors", "exit_gate.pt", "alodlm_config.json",
             "tokenizer.json"} <= files
     assert sum(p.stat().st_size for p in demo.iterdir()) < 400_000
+    rebuilt = build_tiny_checkpoint(tmp_path / "demo", DEMO_SPEC)
+    for name in ("model.safetensors", "exit_gate.pt", "config.json", "alodlm_config.json"):
+        assert (hashlib.sha256((rebuilt / name).read_bytes()).digest()
+                == hashlib.sha256((demo / name).read_bytes()).digest()), name
     status, out, err = _generate(["--model", str(demo), "--prompt_ids", "4,7,9", "--tau", "2",
                                   "--max-new-tokens", "12", "--window-size", "4"], capsys)
     assert status == 0, err
-    ref = sandwich.ref.generate([4, 7, 9], DecodeConfig(tau=2.0, max_new_tokens=12, window_size=4))
+    ref = TorchALoDLM.from_checkpoint(demo).generate(
+        [4, 7, 9], DecodeConfig(tau=2.0, max_new_tokens=12, window_size=4))
     assert json.loads(out)["token_ids"] == ref["token_ids"]
+    assert json.loads(out)["exit_depths"] == ref["exit_depths"]
+
+
+def test_packaged_demo_commits_at_several_depths_and_tokens_per_window():
+    """The README demo's decoding settings on the bundled sample prompts: the bundled checkpoint
+    exits at every depth and commits several tokens per window (its unscaled gate halted every
+    window at depth 1, one token each)."""
+    import collections
+
+    from alodlm_jax.data import BUILTINS
+    from alodlm_jax.torch_reference import TorchALoDLM
+
+    model = TorchALoDLM.from_checkpoint(BUILTINS["builtin:tiny"])
+    config = DecodeConfig(q=0.5, tau=0.4, window_size=4, max_new_tokens=16)  # the README's
+    tasks = [json.loads(line) for line in open(BUILTINS["builtin:sample"])]
+    depths, tokens, windows = collections.Counter(), 0, 0
+    for task in tasks[::10]:
+        ids = model.tokenizer(task["prompt"], add_special_tokens=False)["input_ids"]
+        result = model.generate(ids, config)
+        depths.update(result["exit_depths"])
+        tokens += result["generated_tokens"]
+        windows += result["outer_steps"]
+    assert set(depths) == {1, 2, 3, 4}, depths
+    assert tokens / windows > 2, (tokens, windows)

@@ -310,5 +310,5 @@ def test_sample_suite_demo(tmp_path, capsys):
         verdicts.setdefault(task["metric"], set()).add(row["correct"])
     assert all(seen == {True, False} for seen in verdicts.values()), verdicts
     summary = json.loads(out)
-    assert summary["benchmark_count"] == 10
+    assert summary["benchmark_count"] == 21  # 10 hand-written benchmarks, the 11 of the prepared slice
     assert summary["protocol"]["scoring_failures"] == []
