@@ -2,18 +2,26 @@
 
 The flow, as functions the command line strings together:
 
-1. ``load_tasks`` (``alodlm_scoring.tasks``);
-2. :func:`prepare_output_directory` — create the directory; refuse one that already holds
-   ``predictions.jsonl`` or ``summary.json`` unless resuming;
+1. ``load_tasks`` (``alodlm_scoring.tasks``): every task check, up front (D9);
+2. :func:`prepare_output_directory` — check the directory without touching it: refuse one that
+   already holds ``predictions.jsonl`` or ``summary.json`` unless resuming, or a path that cannot
+   become a directory;
 3. (the command validates the decoding configuration, in both modes);
 4. rescore mode: :func:`load_predictions` validates *every* supplied row before anything is written
    (D8) and :func:`rescore_source` feeds them; generate mode: the generator feeds result dicts;
-5. :func:`evaluate` scores each task in task order — non-code metrics on the calling (main)
+5. :func:`evaluate` creates the directory (only now, when work starts) and scores each task in
+   task order — non-code metrics on the calling (main)
    thread, because math-verify's timeouts need ``SIGALRM``; code metrics in the fresh-interpreter
    pool, concurrently (when rescoring with two or more workers, math too: each worker scores on its
    own main thread) — and writes each row as soon as it and every row before it are scored, so
-   ``predictions.jsonl`` is always a prefix of the final file, one write per row;
+   ``predictions.jsonl`` is always a prefix of the final file, one write per row (the file is
+   created with the first row);
 6. aggregate, protocol block, atomic ``summary.json``.
+
+A failed command leaves ``--output`` as it found it: nothing is created before step 5, and when
+:func:`evaluate` fails before its first row, the directories it created are removed again (only
+those, and only while empty: a user's directory or file is never touched). Once a row is written
+it stays, so ``--resume`` can continue the run.
 
 ``--resume`` continues a killed run: the existing rows must be a prefix of what the run would
 write (checked against the tasks, and in rescore mode against what rescoring writes); a torn final
@@ -45,6 +53,9 @@ __all__ = [
     "FAILURES_FILE",
     "PREDICTION_FIELDS",
     "OutputState",
+    "missing_directories",
+    "make_directories",
+    "remove_directories",
     "prepare_output_directory",
     "load_predictions",
     "rescore_source",
@@ -76,9 +87,59 @@ Progress = Callable[[int, int], None]
 # --------------------------------------------------------------------------------------------
 
 
+def missing_directories(directory: str | os.PathLike) -> list[str]:
+    """The directories :func:`make_directories` would create for ``directory``, outermost first.
+
+    Raises ``NotADirectoryError`` when the path, or the nearest of its ancestors that exists, is
+    not a directory, and ``PermissionError`` when that directory is not writable; creates nothing.
+    """
+    target = os.path.abspath(os.fspath(directory))
+    missing: list[str] = []
+    path = target
+    while not os.path.lexists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    if not os.path.isdir(path):
+        raise NotADirectoryError(f"output directory {os.fspath(directory)}: {path} is not a "
+                                 "directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise PermissionError(f"output directory {os.fspath(directory)}: {path} is not writable")
+    return missing[::-1]
+
+
+def make_directories(directory: str | os.PathLike) -> list[str]:
+    """``os.makedirs(directory, exist_ok=True)`` that returns the directories it created,
+    outermost first, for :func:`remove_directories`."""
+    created = []
+    for path in missing_directories(directory):
+        try:
+            os.mkdir(path)
+        except FileExistsError:  # made meanwhile by someone else: not ours to remove
+            continue
+        created.append(path)
+    return created
+
+
+def remove_directories(created: Sequence[str]) -> None:
+    """Remove directories :func:`make_directories` created, innermost first, while they are
+    empty (a directory holding anything, a row for ``--resume`` say, stays with its parents)."""
+    for path in reversed(created):
+        try:
+            os.rmdir(path)
+        except OSError:
+            return
+
+
 @dataclasses.dataclass
 class OutputState:
-    """The output directory and, when resuming, what a previous run left in it."""
+    """The output directory and, when resuming, what a previous run left in it.
+
+    Nothing is created until :meth:`create_directory`; :meth:`remove_created_directories`
+    undoes exactly what it created, while that is still empty.
+    """
 
     directory: str
     resume: bool
@@ -87,6 +148,17 @@ class OutputState:
     file_exists: bool
     existing_failures: list[dict]
     summary_exists: bool
+    created_directories: list[str] = dataclasses.field(default_factory=list)
+
+    def create_directory(self) -> None:
+        """Create the directory (with parents) if it does not exist yet; remember what was made."""
+        self.created_directories += make_directories(self.directory)
+
+    def remove_created_directories(self) -> None:
+        """Undo :meth:`create_directory` where nothing has been written since."""
+        remove_directories(self.created_directories)
+        self.created_directories = [path for path in self.created_directories
+                                    if os.path.lexists(path)]
 
     @property
     def predictions_path(self) -> str:
@@ -102,14 +174,15 @@ class OutputState:
 
 
 def prepare_output_directory(directory: str | os.PathLike, *, resume: bool = False) -> OutputState:
-    """Create the output directory (with parents) and check that it may be written (§6.2 step 2).
+    """Check that the output directory may be written (§6.2 step 2), creating nothing.
 
-    Without ``resume`` a directory holding ``predictions.jsonl`` or ``summary.json`` is refused with
-    the reference's ``FileExistsError``. With ``resume`` the complete lines of an existing
+    The directory itself is created (with parents) by :func:`evaluate`, when work starts. Without
+    ``resume`` a directory holding ``predictions.jsonl`` or ``summary.json`` is refused with the
+    reference's ``FileExistsError``. With ``resume`` the complete lines of an existing
     ``predictions.jsonl`` are read (nothing is modified yet).
     """
     directory = os.fspath(directory)
-    os.makedirs(directory, exist_ok=True)
+    missing_directories(directory)
     state = OutputState(directory, resume, [], 0, False, [], False)
     state.file_exists = os.path.exists(state.predictions_path)
     state.summary_exists = os.path.exists(state.summary_path)
@@ -397,6 +470,17 @@ def evaluate(
 
         score = default_score
     existing = _resume_prefix(state, tasks, check_existing_row) if state.resume else []
+    state.create_directory()
+    try:
+        return _evaluate_into(tasks, state, existing, rows_source, make_protocol, workers,
+                              progress, score, pool, pool_metrics, overlap)
+    except BaseException:
+        state.remove_created_directories()  # only while empty: written rows stay for --resume
+        raise
+
+
+def _evaluate_into(tasks, state, existing, rows_source, make_protocol, workers, progress, score,
+                   pool, pool_metrics, overlap) -> dict:
     failures = _reset_to_prefix(state, existing) if state.resume else []
     aggregated = [_aggregate_fields(row) for row in existing]
     start = len(existing)
@@ -406,7 +490,8 @@ def evaluate(
         owned_pool = pool is None
         active_pool = ScoringPool(workers) if owned_pool else pool
         try:
-            with outputs.RowWriter(state.predictions_path, append=state.file_exists) as writer:
+            with outputs.RowWriter(state.predictions_path, append=state.file_exists,
+                                   lazy=True) as writer:
                 _score_and_write(
                     tasks, start, rows_source(start), score, active_pool, writer, state,
                     aggregated, failures, progress, frozenset(pool_metrics), overlap,

@@ -179,7 +179,8 @@ def engine_for_run() -> str:
 def build_generator(decode: DecodeConfig, device: str, engine: str | None = None):
     """The generate-mode generator from ``alodlm_jax.generate`` (imports JAX).
 
-    Contract: ``.warmup(prompt)``, ``.generate(prompt_text) -> result dict`` (§7.1 keys 1-15), and
+    Contract: ``.check_prompt(prompt_text)`` (ValueError when the decoder would refuse it),
+    ``.warmup(prompt)``, ``.generate(prompt_text) -> result dict`` (§7.1 keys 1-15), and
     ``.protocol_fields() -> dict`` with any of decoder, precision, device, gpu, device_kind,
     compile_seconds; with ``--batch_size > 1`` also ``.warmup_batches(groups of prompt texts)`` and
     ``.generate_batch(prompt_texts) -> result dicts`` (in input order).
@@ -231,6 +232,9 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
             compilation_cache_dir=FLAGS.compilation_cache_dir)
     else:
         generator = build_generator(decode, device, engine)
+    from alodlm_jax.generate import check_task_prompts
+
+    check_task_prompts(generator, tasks)  # D9: every prompt, before the first is decoded
     if batch_size == 1:
         generator.warmup(tasks[0]["prompt"])
 

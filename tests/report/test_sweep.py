@@ -159,6 +159,9 @@ class FakeGenerator:
     def warmup(self, prompt):
         self.warmups += 1
 
+    def check_prompt(self, prompt):  # the decoder's request checks: every fixture prompt passes
+        self.checked = getattr(self, "checked", 0) + 1
+
     def generate(self, prompt):
         if self.fail_after is not None and self.generated >= self.fail_after:
             raise KeyboardInterrupt("simulated kill")
