@@ -7,8 +7,9 @@ The flow, as functions the command line strings together:
    already holds ``predictions.jsonl`` or ``summary.json`` unless resuming, or a path that cannot
    become a directory;
 3. (the command validates the decoding configuration, in both modes);
-4. rescore mode: :func:`load_predictions` validates *every* supplied row before anything is written
-   (D8) and :func:`rescore_source` feeds them; generate mode: the generator feeds result dicts;
+4. rescore mode: :func:`load_predictions` (``alodlm_scoring.predictions``, the one reader of
+   prediction files) validates *every* supplied row before anything is written (D8) and
+   :func:`rescore_source` feeds them; generate mode: the generator feeds result dicts;
 5. :func:`evaluate` creates the directory (only now, when work starts) and scores each task in
    task order — non-code metrics on the calling (main)
    thread, because math-verify's timeouts need ``SIGALRM``; code metrics in the fresh-interpreter
@@ -36,15 +37,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import io
 import json
-import math
 import os
 from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
 from . import outputs
-from .errors import TaskFileError
 from .isolation import Outcome, ScoringPool, is_code_task
+from .predictions import RESCORE_FIELDS, load_predictions  # noqa: F401 - load_predictions: re-exported
 from .tasks import CODE_METRICS, sha256_file, task_key
 
 __all__ = [
@@ -69,9 +68,8 @@ __all__ = [
 PREDICTIONS_FILE = "predictions.jsonl"
 SUMMARY_FILE = "summary.json"
 FAILURES_FILE = "scoring_failures.jsonl"
-PREDICTION_FIELDS = ("benchmark", "id", "text", "generated_tokens", "wall_seconds")
+PREDICTION_FIELDS = RESCORE_FIELDS.required
 FRESH_DIRECTORY_MESSAGE = "Use a fresh evaluation output directory"
-INVALID_TIMING_MESSAGE = "Invalid timing or token count in prediction"
 # How many scored-but-unwritten rows may wait behind a slow code task before the main thread
 # stops producing more (bounds memory; the pool stays busy well below this).
 _MAX_PENDING_ROWS = 4096
@@ -220,105 +218,6 @@ def _complete_lines(path: str) -> bytes:
 # --------------------------------------------------------------------------------------------
 # Rescore mode (§6.3, D8)
 # --------------------------------------------------------------------------------------------
-
-
-def load_predictions(path: str | os.PathLike, tasks: Sequence[Mapping[str, Any]]) -> list[dict]:
-    """Read and validate a predictions file; return its rows in task order.
-
-    Every line is JSON-parsed (a blank line is an error; a final newline is fine), keys are
-    ``(benchmark, str(id))``, duplicates and a key set different from the tasks' are refused, and —
-    unlike the reference, whose per-row checks are lazy (D8) — every row's ``text``, ``wall_seconds``
-    and ``generated_tokens`` is checked here, before any output is written. Errors are
-    :class:`TaskFileError` naming file, line and field, with the reference's message text.
-    """
-    file = os.fspath(path)
-    with open(file, "rb") as handle:
-        data = handle.read()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = data[: error.start].count(b"\n") + 1
-        raise TaskFileError(f"not valid UTF-8: {error.reason}", file=file, line=line) from None
-    rows: dict[tuple, tuple[int, dict]] = {}
-    loads = json.loads
-    for number, line in enumerate(_lines(text), start=1):
-        try:
-            row = loads(line)
-        except json.JSONDecodeError as error:
-            raise TaskFileError(f"invalid JSON: {error}", file=file, line=number) from None
-        if type(row) is not dict or "benchmark" not in row or "id" not in row:
-            _refuse_row_shape(row, file, number)
-        key = (row["benchmark"], str(row["id"]))  # task_key, inlined: this loop is hot
-        if key in rows:
-            raise TaskFileError(f"Duplicate prediction {key!r}", field="id", file=file,
-                                line=number)
-        rows[key] = (number, row)
-    task_keys = [task_key(task) for task in tasks]
-    if len(task_keys) != len(rows) or any(key not in rows for key in task_keys):
-        missing = [key for key in task_keys if key not in rows]
-        wanted = set(task_keys)
-        extra = [key for key in rows if key not in wanted]
-        detail = "; ".join(
-            f"{label} {len(keys)} (e.g. {keys[0]!r})"
-            for label, keys in (("missing", missing), ("unexpected", extra)) if keys
-        )
-        raise TaskFileError(f"Prediction IDs must match the complete task set: {detail}", file=file)
-    ordered = []
-    for key in task_keys:
-        number, row = rows[key]
-        if not _valid_prediction_row(row):
-            _check_prediction_row(row, {"file": file, "line": number})
-        ordered.append(row)
-    return ordered
-
-
-def _refuse_row_shape(row: Any, file: str, number: int) -> None:
-    where = {"file": file, "line": number}
-    if not isinstance(row, dict):
-        raise TaskFileError(
-            f"each prediction line must be a JSON object, got {type(row).__name__}", **where
-        )
-    for field in ("benchmark", "id"):
-        if field not in row:
-            raise TaskFileError("missing required field (KeyError)", field=field, **where)
-
-
-def _valid_prediction_row(row: Mapping[str, Any]) -> bool:
-    """Fast check of the common case; :func:`_check_prediction_row` explains a failure."""
-    try:
-        seconds, tokens, text = row["wall_seconds"], row["generated_tokens"], row["text"]
-    except KeyError:
-        return False
-    return (
-        type(text) is str
-        and isinstance(tokens, int) and tokens >= 0
-        and isinstance(seconds, (int, float)) and seconds > 0 and math.isfinite(seconds)
-    )
-
-
-def _lines(text: str) -> list[str]:
-    """Lines as Python's text mode reads them (universal newlines), without the final empty
-    string of a file that ends with a newline. ``split`` is the fast path for ``\n`` files."""
-    if "\r" in text:
-        return list(io.StringIO(text, newline=None))
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    return lines
-
-
-def _check_prediction_row(row: Mapping[str, Any], where: dict) -> None:
-    for field in ("text", "generated_tokens", "wall_seconds"):
-        if field not in row:
-            raise TaskFileError("missing required field (KeyError)", field=field, **where)
-    seconds = row["wall_seconds"]
-    if not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or not seconds > 0:
-        raise TaskFileError(INVALID_TIMING_MESSAGE, field="wall_seconds", **where)
-    tokens = row["generated_tokens"]
-    if not isinstance(tokens, int) or tokens < 0:  # JSON booleans pass, as in the reference
-        raise TaskFileError(INVALID_TIMING_MESSAGE, field="generated_tokens", **where)
-    if not isinstance(row["text"], str):
-        raise TaskFileError("prediction text must be a string", field="text", **where)
 
 
 def rescore_source(predictions: Sequence[Mapping[str, Any]]) -> RowsSource:

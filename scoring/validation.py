@@ -71,6 +71,7 @@ __all__ = [
     "Report",
     "raise_as_is",
     "json_type",
+    "is_number",
     "error_text",
     "reference_answer",
     "option_labels",
@@ -136,7 +137,8 @@ def _type_error(report: Report, field: str, expected: str, value: Any) -> NoRetu
     raise AssertionError("report must raise")  # pragma: no cover
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """A JSON number (not a boolean, which Python counts as an int)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -151,7 +153,7 @@ def _required(mapping: Mapping[str, Any], key: str, field: str, report: Report) 
 
 def _check_numeric(value: Any, field: str, report: Report, *, null_ok: bool = False) -> None:
     """Strict: a number or a string (``float()`` then decides whether the string is numeric)."""
-    if not (_is_number(value) or isinstance(value, str) or (null_ok and value is None)):
+    if not (is_number(value) or isinstance(value, str) or (null_ok and value is None)):
         _type_error(report, field, "a number or a numeric string" + (" or null" if null_ok else ""),
                     value)
 
@@ -181,7 +183,7 @@ def check_identity_types(record: Mapping[str, Any], report: Report) -> None:
     """Load time: ``benchmark`` is a string and ``id`` a string or a number (JSON types, §2.1)."""
     if not isinstance(record["benchmark"], str):
         _type_error(report, "benchmark", "a string", record["benchmark"])
-    if not (isinstance(record["id"], str) or _is_number(record["id"])):
+    if not (isinstance(record["id"], str) or is_number(record["id"])):
         _type_error(report, "id", "a string or a number", record["id"])
 
 
