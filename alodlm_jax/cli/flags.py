@@ -101,6 +101,8 @@ def parse_flags(argv: Sequence[str], flag_values: flags.FlagValues,
     flag_values.unparse_flags()  # a previous in-process run must not leak values into this one
     try:
         remaining = flag_values(normalize_argv(argv, flag_values))
+    except flags.UnrecognizedFlagError as error:
+        raise UsageError(f"--{error.flagname}: {error}") from None
     except (flags.Error, ValueError) as error:
         raise UsageError(str(error)) from None
     if len(remaining) > 1:
