@@ -108,7 +108,7 @@ RESCORE_FIELDS = FieldSet(required=("benchmark", "id", "text", "generated_tokens
 COMPARE_FIELDS = FieldSet(required=("benchmark", "id", "text"),
                           optional=("token_ids", "generated_tokens", "wall_seconds"))
 REPORT_FIELDS = FieldSet(required=("benchmark",),
-                         optional=("generated_tokens", "exit_depths",
+                         optional=("generated_tokens", "wall_seconds", "exit_depths",
                                    "first_pass_halt_probabilities", "outer_steps",
                                    "recurrent_passes", "loop_token_passes"))
 _IDENTITY = FieldSet(required=("benchmark", "id"))
