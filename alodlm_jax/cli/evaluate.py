@@ -33,7 +33,9 @@ define_decode_flags(FLAGS)
 flags.DEFINE_string("input", None, "Task JSONL file (required): one fully formatted task per line.",
                     flag_values=FLAGS)
 flags.DEFINE_string("output", None, "Output directory (required); must not already hold "
-                    "predictions.jsonl or summary.json unless --resume.", flag_values=FLAGS)
+                    "predictions.jsonl or summary.json unless --resume. Created (with parents) "
+                    "when work starts; a command that fails before its first row leaves it as it "
+                    "was.", flag_values=FLAGS)
 flags.DEFINE_string("predictions", None, "Score existing local predictions without loading "
                     "weights (rescore mode).", flag_values=FLAGS)
 flags.DEFINE_enum("engine", DEFAULT_ENGINE, list(ENGINES), "Decoder engine for generate mode: "
@@ -319,7 +321,7 @@ def _evaluate() -> int:
     if _process_info is not None:
         state = distributed.prepare_shard_directory(FLAGS.output, _process_info, resume=FLAGS.resume)
     else:
-        state = prepare_output_directory(FLAGS.output, resume=FLAGS.resume)  # step 2
+        state = prepare_output_directory(FLAGS.output, resume=FLAGS.resume)  # step 2 (checked only)
     decode = decode_config_from_flags(FLAGS)  # step 3: validated in both modes, as the reference
     if FLAGS.workers < 1:
         raise ValueError("--workers must be at least 1")
