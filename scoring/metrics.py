@@ -18,9 +18,13 @@ import subprocess
 import sys
 import tempfile
 import threading
+from typing import Any
 
 from . import extract, validation
 from .tasks import CODE_METRICS, SUPPORTED_METRICS
+from .validation import (DEFAULT_CODE_TIMEOUT_SECONDS, DEFAULT_MIN_TIME_LIMIT,  # noqa: F401
+                         DEFAULT_OPTIONS, DEFAULT_TIME_LIMIT_FACTOR, EVALPLUS_DATASETS,
+                         MMLU_PRO_OPTIONS)  # defined with the checks; still importable from here
 
 __all__ = [
     "METRICS",
@@ -237,6 +241,10 @@ def _root_check_program(program: str, atol: float) -> str:
         + "    root = find_zero(*args)\n"
         + f"    return abs(_alodlm_poly(*args, root)) <= {atol!r}\n"
     )
+
+
+def _resolve(suite: dict, key: str) -> Any:
+    return validation.resolve(suite, key)
 
 
 def _suite_arguments(suite: dict, root_check: bool) -> tuple[list, list, list]:

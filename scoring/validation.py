@@ -80,6 +80,7 @@ __all__ = [
     "python_tests_arguments",
     "evalplus_settings",
     "is_root_check",
+    "resolve",
     "suite_arguments",
     "check_identity_types",
     "check_task",
@@ -284,7 +285,10 @@ def is_root_check(settings: EvalplusSettings) -> bool:
     return settings.dataset == ROOT_CHECK_DATASET and settings.entry_point == ROOT_CHECK_ENTRY_POINT
 
 
-def _resolve(suite: Mapping[str, Any], key: str, field: str, report: Report, strict: bool) -> Any:
+def resolve(suite: Mapping[str, Any], key: str, *, field: str = "code_tests.suites",
+            report: Report = raise_as_is, strict: bool = False) -> Any:
+    """``suite[key + "_literal"]`` parsed with ``ast.literal_eval`` if present, else
+    ``suite[key]`` (the ``inputs`` / ``expected`` of a suite, as the reference reads them)."""
     literal = key + "_literal"
     if literal in suite:
         text = suite[literal]
@@ -309,14 +313,14 @@ def suite_arguments(suite: Mapping[str, Any], root_check: bool, *,
     """Inputs, expected outputs and reference times of one suite, validated (§5.3 step 4)."""
     if strict and not isinstance(suite, dict):
         _type_error(report, field, "an object", suite)
-    inputs = _resolve(suite, "inputs", field, report, strict)
+    inputs = resolve(suite, "inputs", field=field, report=report, strict=strict)
     if strict:
         _check_sequence(inputs, f"{field}.inputs", report, "an array of argument arrays",
                         lambda item: isinstance(item, (list, tuple)))
     if root_check:
         expected = [True] * len(inputs)
     else:
-        expected = _resolve(suite, "expected", field, report, strict)
+        expected = resolve(suite, "expected", field=field, report=report, strict=strict)
         if strict:
             _check_sequence(expected, f"{field}.expected", report, "an array")
     times = _required(suite, "reference_seconds", f"{field}.reference_seconds", report)

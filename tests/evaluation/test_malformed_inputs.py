@@ -519,12 +519,11 @@ def test_output_that_is_a_file_or_not_fresh(tmp_path, capsys, mode):
 
 
 def test_the_unedited_suite_passes_every_check_of_both_modes(tmp_path):
+    from alodlm_jax.config import DecodeConfig
     from alodlm_jax.data import resolve_builtin
     from alodlm_jax.generate import Generator, check_task_prompts
     from alodlm_scoring.evaluation import load_predictions
     from alodlm_scoring.tasks import load_tasks
-
-    from alodlm_jax.config import DecodeConfig
 
     tasks_path, predictions_path = _inputs(tmp_path, None)
     tasks = load_tasks(tasks_path)
