@@ -86,7 +86,7 @@ class StatsAccumulator:
         self.loop_rows = 0
 
     def _missing(self, line: int, field: str, because: str) -> PredictionFileError:
-        return PredictionFileError(f"missing or not a non-negative integer ({because})",
+        return PredictionFileError(f"missing required field ({because})",
                                    file=self.file, line=line, field=field)
 
     def add(self, line: int, row: Mapping[str, Any]) -> None:

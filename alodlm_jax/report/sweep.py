@@ -211,7 +211,8 @@ def run_sweep(
 
     ``metadata`` (model, input, engine, …) is copied into sweep.json. With ``check_decode`` a
     complete point's ``protocol.decode`` must equal the point's decoding configuration, and with
-    ``input_sha256`` its ``protocol.input_sha256`` must match.
+    ``input_sha256`` its ``protocol.input_sha256`` must match. A sweep directory this call
+    creates is removed again if the call fails before anything is written in it.
     """
     root = os.fspath(root)
     log = log or sys.stderr

@@ -223,6 +223,14 @@ def test_evaluation_runner_writes_evaluate_outputs_and_resumes(tmp_path):
     assert not (tmp_path / "sw" / points[0].name / "report.html").exists()  # reports=False
     assert result.points[1].stats.loop_token_passes_per_output_token == pytest.approx(16 / 2)
 
+    # Killed before its first row: nothing is left, not even the sweep directory.
+    runner, _ = _runner(tmp_path, Factory(fail_after=0))
+    with pytest.raises(KeyboardInterrupt):
+        with runner:
+            sweep.run_sweep(points[1:], tmp_path / "runs" / "never", runner, base=BASE,
+                            log=io.StringIO())
+    assert not (tmp_path / "runs").exists()
+
     # Kill a point after one row, then resume: the files equal the uninterrupted run's.
     killed = Factory(fail_after=1)
     runner, _ = _runner(tmp_path, killed)
