@@ -450,8 +450,9 @@ def _file_cases():
             yield pytest.param(mode, case, _output_kind(index), id=f"{mode}-tasks-{case.name}")
     for index, case in enumerate(PREDICTION_CASES):
         yield pytest.param("rescore", case, _output_kind(index), id=f"rescore-predictions-{case.name}")
-    for index, case in enumerate(PROMPT_CASES):
-        yield pytest.param("generate", case, _output_kind(index), id=f"generate-prompt-{case.name}")
+    for index, case in enumerate(PROMPT_CASES):  # these load the model: JAX starts
+        yield pytest.param("generate", case, _output_kind(index), id=f"generate-prompt-{case.name}",
+                           marks=pytest.mark.jax_backend)
 
 
 @pytest.mark.parametrize("mode, case, output_kind", list(_file_cases()))
@@ -518,6 +519,7 @@ def test_output_that_is_a_file_or_not_fresh(tmp_path, capsys, mode):
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.jax_backend
 def test_the_unedited_suite_passes_every_check_of_both_modes(tmp_path):
     from alodlm_jax.config import DecodeConfig
     from alodlm_jax.data import resolve_builtin
