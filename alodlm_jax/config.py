@@ -16,6 +16,15 @@ DEFAULT_ENGINE = "compiled"  # the whole generation is one XLA program per shape
 ENGINE_NAMES = {"portable": "jax-xla-portable", "compiled": "jax-xla-compiled"}
 
 
+class DecodeConfigError(ValueError):
+    """An invalid decoding setting: ``str(error)`` is the reference's message; ``field`` names the
+    first offending :class:`DecodeConfig` field (so a command can name its flag)."""
+
+    def __init__(self, message: str, *, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
     """Greedy adaptive decoding settings (MODEL_AND_DECODING.md §6.1).
@@ -31,21 +40,23 @@ class DecodeConfig:
     mode: str = "entropy"
 
     def __post_init__(self) -> None:
-        q, tau = self.q, self.tau
-        if not (_is_real(q) and _is_real(tau)) or not (0.0 <= q <= 1.0) or not (
-            math.isfinite(tau) and tau >= 0.0
-        ):
-            raise ValueError("q must be in [0,1] and tau must be finite and nonnegative")
-        if not (_is_int(self.window_size) and _is_int(self.max_new_tokens)) or (
-            self.window_size < 1 or self.max_new_tokens < 1
-        ):
-            raise ValueError("Window size and generation budget must be positive")
+        q_ok = _is_real(self.q) and 0.0 <= self.q <= 1.0
+        tau_ok = _is_real(self.tau) and math.isfinite(self.tau) and self.tau >= 0.0
+        if not (q_ok and tau_ok):
+            raise DecodeConfigError("q must be in [0,1] and tau must be finite and nonnegative",
+                                    field="q" if not q_ok else "tau")
+        window_ok = _is_int(self.window_size) and self.window_size >= 1
+        budget_ok = _is_int(self.max_new_tokens) and self.max_new_tokens >= 1
+        if not (window_ok and budget_ok):
+            raise DecodeConfigError("Window size and generation budget must be positive",
+                                    field="window_size" if not window_ok else "max_new_tokens")
         if self.mode not in MODES:
-            raise ValueError("mode must be entropy or left1")
+            raise DecodeConfigError("mode must be entropy or left1", field="mode")
         if self.position_penalty is not None:
             p = self.position_penalty
             if not _is_real(p) or not math.isfinite(p) or p < 0.0:
-                raise ValueError("position_penalty must be finite and nonnegative")
+                raise DecodeConfigError("position_penalty must be finite and nonnegative",
+                                        field="position_penalty")
 
     @property
     def effective_position_penalty(self) -> float:

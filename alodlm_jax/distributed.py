@@ -181,11 +181,12 @@ def prepare_shard_directory(directory: str | os.PathLike, info: ProcessInfo, *, 
     must not exist ("Use a fresh evaluation output directory"). With ``resume``: this shard's
     complete rows are read back; a torn last line is cut off when evaluation starts.
     """
+    from alodlm_scoring import evaluation
     from alodlm_scoring.evaluation import (FRESH_DIRECTORY_MESSAGE, PREDICTIONS_FILE, SUMMARY_FILE,
                                            read_previous_run)
 
     directory = os.fspath(directory)
-    os.makedirs(directory, exist_ok=True)
+    evaluation.missing_directories(directory)  # created when the shard's work starts
     state = _shard_state_class()(directory, resume, [], 0, False, [], False, suffix=info.suffix)
     state.file_exists = os.path.exists(state.predictions_path)
     state.summary_exists = os.path.exists(state.summary_path)
@@ -216,6 +217,7 @@ def evaluate_shard(tasks: Sequence[Mapping[str, Any]], indices: Sequence[int], s
 
     mine = [tasks[i] for i in indices]
     if not mine:
+        state.create_directory()
         if not state.file_exists:
             open(state.predictions_path, "ab").close()
         summary = {"benchmarks": {}, "benchmark_count": 0, "protocol": make_protocol([])}

@@ -191,6 +191,16 @@ class Generator:
         """Evaluation prompts: tokenized as is, no special tokens added (SCORING.md §6.4)."""
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
+    def check_prompt_ids(self, prompt_ids: Sequence[int]) -> list[int]:
+        """The engine's request checks (MODEL_AND_DECODING.md §6.1: at least one token, ids in
+        ``[0, V)``, prompt length + ``max_new_tokens`` within ``max_position_embeddings``), without
+        decoding; ``ValueError`` with the engine's message otherwise."""
+        return self.engine.check_request(prompt_ids)
+
+    def check_prompt(self, prompt_text: str) -> list[int]:
+        """:meth:`check_prompt_ids` of an evaluation prompt, tokenized as :meth:`generate` does."""
+        return self.check_prompt_ids(self.encode_verbatim(prompt_text))
+
     # -- generation ------------------------------------------------------------------------------
 
     def generate_ids(self, prompt_ids: Sequence[int]) -> dict[str, Any]:
@@ -285,6 +295,21 @@ class Generator:
         fields["device_kind"] = self._jax_device.device_kind
         fields["compile_seconds"] = self.compile_seconds
         return fields
+
+
+def check_task_prompts(generator: Generator, tasks: Sequence[Any]) -> None:
+    """Generate mode, once the tokenizer and model limits are known and before the first task is
+    decoded: every task's prompt must be one the decoder accepts (:meth:`Generator.check_prompt`).
+    A prompt it refuses is a :class:`~alodlm_scoring.errors.TaskFileError` naming the task file,
+    line and field ``prompt``, with the engine's message."""
+    from alodlm_scoring.errors import TaskFileError
+    from alodlm_scoring.tasks import where_is
+
+    for index, task in enumerate(tasks):
+        try:
+            generator.check_prompt(task["prompt"])
+        except ValueError as error:
+            raise TaskFileError(str(error), field="prompt", **where_is(tasks, index)) from None
 
 
 def build_generator(*, model: str, model_config: str | None = None, device: str = "cpu",

@@ -2,18 +2,27 @@
 
 The flow, as functions the command line strings together:
 
-1. ``load_tasks`` (``alodlm_scoring.tasks``);
-2. :func:`prepare_output_directory` — create the directory; refuse one that already holds
-   ``predictions.jsonl`` or ``summary.json`` unless resuming;
+1. ``load_tasks`` (``alodlm_scoring.tasks``): every task check, up front (D9);
+2. :func:`prepare_output_directory` — check the directory without touching it: refuse one that
+   already holds ``predictions.jsonl`` or ``summary.json`` unless resuming, or a path that cannot
+   become a directory;
 3. (the command validates the decoding configuration, in both modes);
-4. rescore mode: :func:`load_predictions` validates *every* supplied row before anything is written
-   (D8) and :func:`rescore_source` feeds them; generate mode: the generator feeds result dicts;
-5. :func:`evaluate` scores each task in task order — non-code metrics on the calling (main)
+4. rescore mode: :func:`load_predictions` (``alodlm_scoring.predictions``, the one reader of
+   prediction files) validates *every* supplied row before anything is written (D8) and
+   :func:`rescore_source` feeds them; generate mode: the generator feeds result dicts;
+5. :func:`evaluate` creates the directory (only now, when work starts) and scores each task in
+   task order — non-code metrics on the calling (main)
    thread, because math-verify's timeouts need ``SIGALRM``; code metrics in the fresh-interpreter
    pool, concurrently (when rescoring with two or more workers, math too: each worker scores on its
    own main thread) — and writes each row as soon as it and every row before it are scored, so
-   ``predictions.jsonl`` is always a prefix of the final file, one write per row;
+   ``predictions.jsonl`` is always a prefix of the final file, one write per row (the file is
+   created with the first row);
 6. aggregate, protocol block, atomic ``summary.json``.
+
+A failed command leaves ``--output`` as it found it: nothing is created before step 5, and when
+:func:`evaluate` fails before its first row, the directories it created are removed again (only
+those, and only while empty: a user's directory or file is never touched). Once a row is written
+it stays, so ``--resume`` can continue the run.
 
 ``--resume`` continues a killed run: the existing rows must be a prefix of what the run would
 write (checked against the tasks, and in rescore mode against what rescoring writes); a torn final
@@ -28,15 +37,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import io
 import json
-import math
 import os
 from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
 from . import outputs
-from .errors import TaskFileError
 from .isolation import Outcome, ScoringPool, is_code_task
+from .predictions import RESCORE_FIELDS, load_predictions  # noqa: F401 - load_predictions: re-exported
 from .tasks import CODE_METRICS, sha256_file, task_key
 
 __all__ = [
@@ -45,6 +52,9 @@ __all__ = [
     "FAILURES_FILE",
     "PREDICTION_FIELDS",
     "OutputState",
+    "missing_directories",
+    "make_directories",
+    "remove_directories",
     "prepare_output_directory",
     "load_predictions",
     "rescore_source",
@@ -58,9 +68,8 @@ __all__ = [
 PREDICTIONS_FILE = "predictions.jsonl"
 SUMMARY_FILE = "summary.json"
 FAILURES_FILE = "scoring_failures.jsonl"
-PREDICTION_FIELDS = ("benchmark", "id", "text", "generated_tokens", "wall_seconds")
+PREDICTION_FIELDS = RESCORE_FIELDS.required
 FRESH_DIRECTORY_MESSAGE = "Use a fresh evaluation output directory"
-INVALID_TIMING_MESSAGE = "Invalid timing or token count in prediction"
 # How many scored-but-unwritten rows may wait behind a slow code task before the main thread
 # stops producing more (bounds memory; the pool stays busy well below this).
 _MAX_PENDING_ROWS = 4096
@@ -76,9 +85,59 @@ Progress = Callable[[int, int], None]
 # --------------------------------------------------------------------------------------------
 
 
+def missing_directories(directory: str | os.PathLike) -> list[str]:
+    """The directories :func:`make_directories` would create for ``directory``, outermost first.
+
+    Raises ``NotADirectoryError`` when the path, or the nearest of its ancestors that exists, is
+    not a directory, and ``PermissionError`` when that directory is not writable; creates nothing.
+    """
+    target = os.path.abspath(os.fspath(directory))
+    missing: list[str] = []
+    path = target
+    while not os.path.lexists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    if not os.path.isdir(path):
+        raise NotADirectoryError(f"output directory {os.fspath(directory)}: {path} is not a "
+                                 "directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise PermissionError(f"output directory {os.fspath(directory)}: {path} is not writable")
+    return missing[::-1]
+
+
+def make_directories(directory: str | os.PathLike) -> list[str]:
+    """``os.makedirs(directory, exist_ok=True)`` that returns the directories it created,
+    outermost first, for :func:`remove_directories`."""
+    created = []
+    for path in missing_directories(directory):
+        try:
+            os.mkdir(path)
+        except FileExistsError:  # made meanwhile by someone else: not ours to remove
+            continue
+        created.append(path)
+    return created
+
+
+def remove_directories(created: Sequence[str]) -> None:
+    """Remove directories :func:`make_directories` created, innermost first, while they are
+    empty (a directory holding anything, a row for ``--resume`` say, stays with its parents)."""
+    for path in reversed(created):
+        try:
+            os.rmdir(path)
+        except OSError:
+            return
+
+
 @dataclasses.dataclass
 class OutputState:
-    """The output directory and, when resuming, what a previous run left in it."""
+    """The output directory and, when resuming, what a previous run left in it.
+
+    Nothing is created until :meth:`create_directory`; :meth:`remove_created_directories`
+    undoes exactly what it created, while that is still empty.
+    """
 
     directory: str
     resume: bool
@@ -87,6 +146,17 @@ class OutputState:
     file_exists: bool
     existing_failures: list[dict]
     summary_exists: bool
+    created_directories: list[str] = dataclasses.field(default_factory=list)
+
+    def create_directory(self) -> None:
+        """Create the directory (with parents) if it does not exist yet; remember what was made."""
+        self.created_directories += make_directories(self.directory)
+
+    def remove_created_directories(self) -> None:
+        """Undo :meth:`create_directory` where nothing has been written since."""
+        remove_directories(self.created_directories)
+        self.created_directories = [path for path in self.created_directories
+                                    if os.path.lexists(path)]
 
     @property
     def predictions_path(self) -> str:
@@ -102,14 +172,15 @@ class OutputState:
 
 
 def prepare_output_directory(directory: str | os.PathLike, *, resume: bool = False) -> OutputState:
-    """Create the output directory (with parents) and check that it may be written (§6.2 step 2).
+    """Check that the output directory may be written (§6.2 step 2), creating nothing.
 
-    Without ``resume`` a directory holding ``predictions.jsonl`` or ``summary.json`` is refused with
-    the reference's ``FileExistsError``. With ``resume`` the complete lines of an existing
+    The directory itself is created (with parents) by :func:`evaluate`, when work starts. Without
+    ``resume`` a directory holding ``predictions.jsonl`` or ``summary.json`` is refused with the
+    reference's ``FileExistsError``. With ``resume`` the complete lines of an existing
     ``predictions.jsonl`` are read (nothing is modified yet).
     """
     directory = os.fspath(directory)
-    os.makedirs(directory, exist_ok=True)
+    missing_directories(directory)
     state = OutputState(directory, resume, [], 0, False, [], False)
     state.file_exists = os.path.exists(state.predictions_path)
     state.summary_exists = os.path.exists(state.summary_path)
@@ -147,105 +218,6 @@ def _complete_lines(path: str) -> bytes:
 # --------------------------------------------------------------------------------------------
 # Rescore mode (§6.3, D8)
 # --------------------------------------------------------------------------------------------
-
-
-def load_predictions(path: str | os.PathLike, tasks: Sequence[Mapping[str, Any]]) -> list[dict]:
-    """Read and validate a predictions file; return its rows in task order.
-
-    Every line is JSON-parsed (a blank line is an error; a final newline is fine), keys are
-    ``(benchmark, str(id))``, duplicates and a key set different from the tasks' are refused, and —
-    unlike the reference, whose per-row checks are lazy (D8) — every row's ``text``, ``wall_seconds``
-    and ``generated_tokens`` is checked here, before any output is written. Errors are
-    :class:`TaskFileError` naming file, line and field, with the reference's message text.
-    """
-    file = os.fspath(path)
-    with open(file, "rb") as handle:
-        data = handle.read()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = data[: error.start].count(b"\n") + 1
-        raise TaskFileError(f"not valid UTF-8: {error.reason}", file=file, line=line) from None
-    rows: dict[tuple, tuple[int, dict]] = {}
-    loads = json.loads
-    for number, line in enumerate(_lines(text), start=1):
-        try:
-            row = loads(line)
-        except json.JSONDecodeError as error:
-            raise TaskFileError(f"invalid JSON: {error}", file=file, line=number) from None
-        if type(row) is not dict or "benchmark" not in row or "id" not in row:
-            _refuse_row_shape(row, file, number)
-        key = (row["benchmark"], str(row["id"]))  # task_key, inlined: this loop is hot
-        if key in rows:
-            raise TaskFileError(f"Duplicate prediction {key!r}", field="id", file=file,
-                                line=number)
-        rows[key] = (number, row)
-    task_keys = [task_key(task) for task in tasks]
-    if len(task_keys) != len(rows) or any(key not in rows for key in task_keys):
-        missing = [key for key in task_keys if key not in rows]
-        wanted = set(task_keys)
-        extra = [key for key in rows if key not in wanted]
-        detail = "; ".join(
-            f"{label} {len(keys)} (e.g. {keys[0]!r})"
-            for label, keys in (("missing", missing), ("unexpected", extra)) if keys
-        )
-        raise TaskFileError(f"Prediction IDs must match the complete task set: {detail}", file=file)
-    ordered = []
-    for key in task_keys:
-        number, row = rows[key]
-        if not _valid_prediction_row(row):
-            _check_prediction_row(row, {"file": file, "line": number})
-        ordered.append(row)
-    return ordered
-
-
-def _refuse_row_shape(row: Any, file: str, number: int) -> None:
-    where = {"file": file, "line": number}
-    if not isinstance(row, dict):
-        raise TaskFileError(
-            f"each prediction line must be a JSON object, got {type(row).__name__}", **where
-        )
-    for field in ("benchmark", "id"):
-        if field not in row:
-            raise TaskFileError("missing required field (KeyError)", field=field, **where)
-
-
-def _valid_prediction_row(row: Mapping[str, Any]) -> bool:
-    """Fast check of the common case; :func:`_check_prediction_row` explains a failure."""
-    try:
-        seconds, tokens, text = row["wall_seconds"], row["generated_tokens"], row["text"]
-    except KeyError:
-        return False
-    return (
-        type(text) is str
-        and isinstance(tokens, int) and tokens >= 0
-        and isinstance(seconds, (int, float)) and seconds > 0 and math.isfinite(seconds)
-    )
-
-
-def _lines(text: str) -> list[str]:
-    """Lines as Python's text mode reads them (universal newlines), without the final empty
-    string of a file that ends with a newline. ``split`` is the fast path for ``\n`` files."""
-    if "\r" in text:
-        return list(io.StringIO(text, newline=None))
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    return lines
-
-
-def _check_prediction_row(row: Mapping[str, Any], where: dict) -> None:
-    for field in ("text", "generated_tokens", "wall_seconds"):
-        if field not in row:
-            raise TaskFileError("missing required field (KeyError)", field=field, **where)
-    seconds = row["wall_seconds"]
-    if not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or not seconds > 0:
-        raise TaskFileError(INVALID_TIMING_MESSAGE, field="wall_seconds", **where)
-    tokens = row["generated_tokens"]
-    if not isinstance(tokens, int) or tokens < 0:  # JSON booleans pass, as in the reference
-        raise TaskFileError(INVALID_TIMING_MESSAGE, field="generated_tokens", **where)
-    if not isinstance(row["text"], str):
-        raise TaskFileError("prediction text must be a string", field="text", **where)
 
 
 def rescore_source(predictions: Sequence[Mapping[str, Any]]) -> RowsSource:
@@ -406,6 +378,18 @@ def evaluate(
 
         score = default_score
     existing = _resume_prefix(state, tasks, check_existing_row) if state.resume else []
+    state.create_directory()
+    try:
+        return _evaluate_into(tasks, state, existing, rows_source, make_protocol, workers,
+                              progress, score, pool, pool_metrics, overlap, code_sandbox,
+                              code_verdicts)
+    except BaseException:
+        state.remove_created_directories()  # only while empty: written rows stay for --resume
+        raise
+
+
+def _evaluate_into(tasks, state, existing, rows_source, make_protocol, workers, progress, score,
+                   pool, pool_metrics, overlap, code_sandbox, code_verdicts) -> dict:
     failures = _reset_to_prefix(state, existing) if state.resume else []
     aggregated = [_aggregate_fields(row) for row in existing]
     start = len(existing)
@@ -416,7 +400,8 @@ def evaluate(
         active_pool = (ScoringPool(workers, sandbox=code_sandbox, rules=code_verdicts)
                        if owned_pool else pool)
         try:
-            with outputs.RowWriter(state.predictions_path, append=state.file_exists) as writer:
+            with outputs.RowWriter(state.predictions_path, append=state.file_exists,
+                                   lazy=True) as writer:
                 _score_and_write(
                     tasks, start, rows_source(start), score, active_pool, writer, state,
                     aggregated, failures, progress, frozenset(pool_metrics), overlap,

@@ -11,8 +11,6 @@ for (or depend on) them, and this module must never pull in a deep-learning fram
 
 from __future__ import annotations
 
-import ast
-import math
 import os
 import resource
 import signal
@@ -22,8 +20,11 @@ import tempfile
 import threading
 from typing import Any
 
-from . import extract
+from . import extract, validation
 from .tasks import CODE_METRICS, SUPPORTED_METRICS
+from .validation import (DEFAULT_CODE_TIMEOUT_SECONDS, DEFAULT_MIN_TIME_LIMIT,  # noqa: F401
+                         DEFAULT_OPTIONS, DEFAULT_TIME_LIMIT_FACTOR, EVALPLUS_DATASETS,
+                         MMLU_PRO_OPTIONS)  # defined with the checks; still importable from here
 
 __all__ = [
     "METRICS",
@@ -37,12 +38,6 @@ __all__ = [
 ]
 
 METRICS = SUPPORTED_METRICS
-DEFAULT_OPTIONS = ("A", "B", "C", "D")
-MMLU_PRO_OPTIONS = tuple("ABCDEFGHIJ")
-DEFAULT_CODE_TIMEOUT_SECONDS = 10
-DEFAULT_MIN_TIME_LIMIT = 1.0
-DEFAULT_TIME_LIMIT_FACTOR = 4.0
-EVALPLUS_DATASETS = ("humaneval", "mbpp")
 # Address-space cap for python_tests programs, as evalplus's reliability guard uses by default.
 CHILD_ADDRESS_SPACE_BYTES = 4 * 1024**3
 
@@ -63,7 +58,8 @@ def score(record: dict, generation: str, *, rules: str = "reference",
           sandbox: Any = None) -> tuple[bool, str | None]:
     """Score one generation against its task record: ``(correct, extracted)``.
 
-    ``extracted`` is ``None`` for code metrics. Raises the reference's validation errors (§2.3).
+    ``extracted`` is ``None`` for code metrics. Raises the reference's validation errors (§2.3),
+    defined in :mod:`alodlm_scoring.validation` (which ``load_tasks`` runs on every task up front).
     Code metrics run their program in ``sandbox`` (an :class:`alodlm_scoring.sandbox.Sandbox`;
     the scoring workers pass theirs) or, without one, in plain child processes of this process
     (the reference's way: no containment). ``rules`` is ``"reference"`` (the reference's
@@ -73,10 +69,10 @@ def score(record: dict, generation: str, *, rules: str = "reference",
     metric = record["metric"]
     if metric not in METRICS:
         raise ValueError(f"Unsupported evaluation metric: {metric!r}")
-    reference = str(record.get("answer", "")).strip()
+    reference = validation.reference_answer(record)
     if metric in CODE_METRICS:
         _check_rules(rules, sandbox)
-        program = extract.extract_program(generation, record.get("function_prefix") or "")
+        program = extract.extract_program(generation, validation.function_prefix(record))
         if metric == "python_tests":
             return bool(_run_python_tests_record(record, program, rules, sandbox)), None
         return bool(run_evalplus(record, program, rules=rules, sandbox=sandbox)), None
@@ -103,12 +99,8 @@ def _check_rules(rules: str, sandbox: Any) -> None:
 
 
 def _score_multiple_choice(metric: str, record: dict, reference: str, generation: str):
-    default = MMLU_PRO_OPTIONS if metric == "mmlu_pro" else DEFAULT_OPTIONS
-    options = record.get("available_options") or list(default)
-    if reference.upper() not in options:
-        raise ValueError(
-            f"Gold answer is outside the displayed option labels: {reference!r} not in {options!r}"
-        )
+    options = validation.option_labels(record, metric)
+    validation.check_gold_label(reference, options)
     if metric == "arc":
         extracted = extract.extract_arc(generation, options)
     else:
@@ -218,12 +210,7 @@ def run_python_tests(program: str, tests: str, timeout: float) -> bool:
 
 def _run_python_tests_record(record: dict, program: str, rules: str = "reference",
                              sandbox: Any = None) -> bool:
-    tests = record["tests"]
-    if not isinstance(tests, str) or not tests.strip():
-        raise ValueError("python_tests requires a nonempty local test program")
-    timeout = float(record.get("timeout_seconds", DEFAULT_CODE_TIMEOUT_SECONDS))
-    if not math.isfinite(timeout) or timeout <= 0:
-        raise ValueError("Code timeout must be finite and positive")
+    tests, timeout = validation.python_tests_arguments(record)
     if sandbox is None:
         return run_python_tests(program, tests, timeout)
     from . import sandboxed
@@ -281,23 +268,12 @@ def _root_check_program(program: str, atol: float) -> str:
 
 
 def _resolve(suite: dict, key: str) -> Any:
-    literal = key + "_literal"
-    if literal in suite:
-        return ast.literal_eval(suite[literal])
-    return suite[key]
+    return validation.resolve(suite, key)
 
 
 def _suite_arguments(suite: dict, root_check: bool) -> tuple[list, list, list]:
     """Inputs, expected outputs and reference times of one suite, validated (§2.3)."""
-    inputs = _resolve(suite, "inputs")
-    expected = [True] * len(inputs) if root_check else _resolve(suite, "expected")
-    times = suite["reference_seconds"]
-    if not (len(inputs) == len(expected) == len(times)) or len(inputs) == 0:
-        raise ValueError("Test inputs, expected outputs, and reference times must align")
-    times = [float(seconds) for seconds in times]
-    if not all(math.isfinite(seconds) and seconds >= 0 for seconds in times):
-        raise ValueError("Reference execution times must be finite and nonnegative")
-    return list(inputs), list(expected), times
+    return validation.suite_arguments(suite, root_check)
 
 
 def run_evalplus(record: dict, program: str, *, rules: str = "reference",
@@ -309,18 +285,9 @@ def run_evalplus(record: dict, program: str, *, rules: str = "reference",
     """
     _check_rules(rules, sandbox)
     _ensure_grader_works(sandbox, rules)
-    code_tests = record["code_tests"]
-    dataset = code_tests["dataset"]
-    if dataset not in EVALPLUS_DATASETS:
-        raise ValueError(f"EvalPlus dataset must be humaneval or mbpp, got {dataset!r}")
-    suites = code_tests["suites"]
-    if not suites:
-        raise ValueError("An empty test suite cannot establish correctness")
-    atol = float(code_tests.get("atol") or 0.0)
-    entry_point = code_tests["entry_point"]
-    min_time_limit = float(code_tests.get("min_time_limit", DEFAULT_MIN_TIME_LIMIT))
-    time_limit_factor = float(code_tests.get("time_limit_factor", DEFAULT_TIME_LIMIT_FACTOR))
-    root_check = dataset == "humaneval" and entry_point == "find_zero"
+    settings = validation.evalplus_settings(record)
+    dataset, suites, atol, entry_point, min_time_limit, time_limit_factor = settings
+    root_check = validation.is_root_check(settings)
     for suite in suites:
         inputs, expected, times = _suite_arguments(suite, root_check)
         if not _suite_passes(sandbox, rules, dataset, program, entry_point, inputs, expected,

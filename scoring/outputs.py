@@ -106,22 +106,35 @@ class RowWriter:
 
     A fresh file is opened with exclusive create (``O_EXCL``, the reference's ``"x"`` mode);
     ``append=True`` is used only by ``--resume``, after the caller has checked and truncated the
-    existing rows. Rows go straight to the descriptor (no user-space buffer), so each row is on
-    disk as soon as ``write`` returns — the "flush per row" of the reference, at lower cost.
+    existing rows. With ``lazy=True`` the file is opened by the first ``write``, so a run that
+    fails before its first row leaves no empty file. Rows go straight to the descriptor (no
+    user-space buffer), so each row is on disk as soon as ``write`` returns — the "flush per row"
+    of the reference, at lower cost.
     """
 
-    def __init__(self, path: str | os.PathLike, *, append: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike, *, append: bool = False, lazy: bool = False) -> None:
         self.path = os.fspath(path)
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | (0 if append else os.O_EXCL)
-        self._fd = os.open(self.path, flags, 0o666)
+        self._flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | (0 if append else os.O_EXCL)
+        self._fd = -1
+        self._closed = False
+        if not lazy:
+            self._open()
+
+    def _open(self) -> None:
+        if self._closed:
+            raise ValueError(f"{self.path}: write after close")
+        self._fd = os.open(self.path, self._flags, 0o666)
 
     def write(self, row: Mapping[str, Any]) -> None:
+        if self._fd < 0:
+            self._open()
         data = row_line(row).encode("utf-8")
         while data:
             written = os.write(self._fd, data)
             data = data[written:]
 
     def close(self) -> None:
+        self._closed = True
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

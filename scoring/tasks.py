@@ -1,7 +1,12 @@
-"""Loading and validating the evaluation task file (SCORING.md §2.1, §2.2).
+"""Loading and validating the evaluation task file (SCORING.md §2.1-§2.3, decisions D8, D9).
 
-The checks run per line in the reference's order, so the first error reported is the one the
-reference would raise; each is wrapped in :class:`TaskFileError` naming file, line and field.
+Per line: the §2.2 checks in the reference's order (so the first error reported is the one the
+reference would raise), with the JSON types of ``benchmark`` and ``id`` checked right after the
+identity fields exist; then every check scoring would make on the task
+(:func:`alodlm_scoring.validation.check_task`: gold label, ``tests``/``timeout_seconds``, every
+evalplus suite, the other fields' JSON types). Each failure is a :class:`TaskFileError` naming
+file, line and field. The records come back as a :class:`TaskList`, which remembers each task's
+line so that later checks (generate mode's prompt checks) can name it too.
 """
 
 from __future__ import annotations
@@ -10,15 +15,17 @@ import hashlib
 import io
 import json
 import os
-from typing import Any
+from typing import Any, Iterable
 
+from . import validation
 from .errors import TaskFileError
+from .validation import CODE_METRICS
 
-__all__ = ["SUPPORTED_METRICS", "CODE_METRICS", "load_tasks", "task_key", "sha256_file"]
+__all__ = ["SUPPORTED_METRICS", "CODE_METRICS", "TaskList", "load_tasks", "task_key", "where_is",
+           "sha256_file"]
 
 # Kept here (not imported from .metrics) so that loading tasks never imports math-verify.
 SUPPORTED_METRICS = ("arc", "mmlu", "mmlu_pro", "gpqa", "math", "exact", "python_tests", "evalplus")
-CODE_METRICS = ("python_tests", "evalplus")
 _IDENTITY_FIELDS = ("benchmark", "id", "metric")
 _HASH_BLOCK_BYTES = 1 << 20
 
@@ -37,6 +44,28 @@ def sha256_file(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
+class TaskList(list):
+    """The task records in file order (a plain ``list`` of dicts), plus where each came from:
+    ``file`` and ``lines[i]``, the 1-based line of ``self[i]``."""
+
+    def __init__(self, records: Iterable[dict] = (), *, file: str = "<tasks>",
+                 lines: Iterable[int] | None = None) -> None:
+        super().__init__(records)
+        self.file = file
+        self.lines = list(range(1, len(self) + 1)) if lines is None else list(lines)
+
+    def where(self, index: int) -> dict:
+        """``{"file": ..., "line": ...}`` of task ``index``, for :class:`TaskFileError`."""
+        return {"file": self.file, "line": self.lines[index]}
+
+
+def where_is(tasks: Any, index: int) -> dict:
+    """:meth:`TaskList.where` for any task sequence (a plain list names no file: line = index + 1)."""
+    if isinstance(tasks, TaskList):
+        return tasks.where(index)
+    return {"file": "<tasks>", "line": index + 1}
+
+
 def _read_text(path: str | os.PathLike) -> str:
     data = open(path, "rb").read()
     try:
@@ -46,25 +75,27 @@ def _read_text(path: str | os.PathLike) -> str:
         raise TaskFileError(f"not valid UTF-8: {error.reason}", file=os.fspath(path), line=line) from None
 
 
+def _reporter(where: dict) -> validation.Report:
+    def report(field: str, error: BaseException):
+        raise TaskFileError(validation.error_text(error), field=field, **where) from None
+
+    return report
+
+
 def _validate_record(record: Any, seen: set, where: dict) -> None:
-    """Apply the §2.2 checks 1-5 to one parsed line, in the reference's order."""
+    """Apply the §2.2 checks 1-5 to one parsed line, in the reference's order, then every check
+    scoring would make (D9)."""
     if not isinstance(record, dict):
         raise TaskFileError(
-            f"each task line must be a JSON object, got {type(record).__name__}", **where
+            f"each task line must be a JSON object, got {validation.json_type(record)}", **where
         )
     for field in _IDENTITY_FIELDS:
         if field not in record:
             raise TaskFileError("missing required field (KeyError)", field=field, **where)
+    report = _reporter(where)
+    validation.check_identity_types(record, report)
     key = task_key(record)
-    try:
-        duplicate = key in seen
-    except TypeError:  # e.g. a list as benchmark: the reference would crash with a TypeError
-        raise TaskFileError(
-            f"benchmark must be a hashable JSON value, got {type(key[0]).__name__}",
-            field="benchmark",
-            **where,
-        ) from None
-    if duplicate:
+    if key in seen:
         raise TaskFileError(f"Duplicate benchmark and task ID {key!r}", field="id", **where)
     seen.add(key)
     metric = record["metric"]
@@ -73,20 +104,22 @@ def _validate_record(record: Any, seen: set, where: dict) -> None:
     prompt = record.get("prompt")
     if not isinstance(prompt, str) or prompt == "":
         raise TaskFileError("Each task needs a fully formatted prompt", field="prompt", **where)
-    if metric not in CODE_METRICS and not str(record.get("answer", "")).strip():
+    if metric not in CODE_METRICS and not validation.reference_answer(record):
         raise TaskFileError("Each scored task needs a reference answer", field="answer", **where)
+    validation.check_task(record, report)
 
 
-def load_tasks(path: str | os.PathLike) -> list[dict]:
+def load_tasks(path: str | os.PathLike) -> TaskList:
     """Read a JSONL task file and return its records in file order.
 
     Blank (whitespace-only) lines are skipped; every other line must be a JSON object passing
-    §2.2. Line numbers in errors count every physical line, starting at 1. A file that cannot be
-    opened raises the usual ``OSError``.
+    §2.2 and every check of §2.3 (module docstring). Line numbers in errors count every physical
+    line, starting at 1. A file that cannot be opened raises the usual ``OSError``.
     """
     file = os.fspath(path)
     text = _read_text(path)
     tasks: list[dict] = []
+    lines: list[int] = []
     seen: set = set()
     for line_number, line in enumerate(io.StringIO(text, newline=None), start=1):
         if not line.strip():
@@ -98,6 +131,7 @@ def load_tasks(path: str | os.PathLike) -> list[dict]:
             raise TaskFileError(f"invalid JSON: {error}", **where) from None
         _validate_record(record, seen, where)
         tasks.append(record)
+        lines.append(line_number)
     if not tasks:
         raise TaskFileError("Evaluation input is empty", file=file)
-    return tasks
+    return TaskList(tasks, file=file, lines=lines)

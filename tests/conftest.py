@@ -3,7 +3,9 @@
 The scoring and evaluation tests run model code in-process through ``subprocess`` and evalplus's
 ``multiprocessing`` (fork). Forking a process whose JAX backend is running can deadlock (JAX warns
 about it), so those tests run first, before any test starts a JAX backend. Production code never
-does this: the evaluator scores code in fresh interpreters (``alodlm_scoring.isolation``).
+does this: the evaluator scores code in fresh interpreters (``alodlm_scoring.isolation``). A test
+in those folders that starts a JAX backend (generate mode) is marked ``jax_backend`` and runs with
+the others, later.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ _RUN_FIRST = ("tests/scoring/", "tests/evaluation/", "tests/sandbox/")
 
 def pytest_collection_modifyitems(session, config, items):
     def rank(item) -> int:
+        if item.get_closest_marker("jax_backend"):  # starts JAX: after every fork-sensitive test
+            return 1
         path = item.nodeid
         return 0 if path.startswith(_RUN_FIRST) else 1
 

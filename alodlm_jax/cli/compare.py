@@ -125,12 +125,8 @@ def _model_report(fv: flags.FlagValues, jax_params_hook: Callable | None) -> dic
     if not (fv.model and fv.prompts):
         raise compare.CompareInputError("--model and --prompts are required "
                                         "(or --predictions_a and --predictions_b)")
-    from alodlm_jax.config import DecodeConfig  # noqa: PLC0415
-
     tolerances = _tolerances(fv)
-    decode_config = DecodeConfig(q=fv.q, tau=fv.tau, window_size=fv.window_size,
-                                 max_new_tokens=fv.max_new_tokens, position_penalty=fv.position_penalty,
-                                 mode=fv.mode)
+    decode_config = cli_flags.decode_config_from_flags(fv)
     prompts = compare.load_prompts(fv.prompts)
     _quiet_transformers()
     return compare.run_model_comparison(

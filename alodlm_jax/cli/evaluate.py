@@ -34,7 +34,9 @@ define_decode_flags(FLAGS)
 flags.DEFINE_string("input", None, "Task JSONL file (required): one fully formatted task per line.",
                     flag_values=FLAGS)
 flags.DEFINE_string("output", None, "Output directory (required); must not already hold "
-                    "predictions.jsonl or summary.json unless --resume.", flag_values=FLAGS)
+                    "predictions.jsonl or summary.json unless --resume. Created (with parents) "
+                    "when work starts; a command that fails before its first row leaves it as it "
+                    "was.", flag_values=FLAGS)
 flags.DEFINE_string("predictions", None, "Score existing local predictions without loading "
                     "weights (rescore mode).", flag_values=FLAGS)
 flags.DEFINE_enum("engine", DEFAULT_ENGINE, list(ENGINES), "Decoder engine for generate mode: "
@@ -181,7 +183,8 @@ def engine_for_run() -> str:
 def build_generator(decode: DecodeConfig, device: str, engine: str | None = None):
     """The generate-mode generator from ``alodlm_jax.generate`` (imports JAX).
 
-    Contract: ``.warmup(prompt)``, ``.generate(prompt_text) -> result dict`` (§7.1 keys 1-15), and
+    Contract: ``.check_prompt(prompt_text)`` (ValueError when the decoder would refuse it),
+    ``.warmup(prompt)``, ``.generate(prompt_text) -> result dict`` (§7.1 keys 1-15), and
     ``.protocol_fields() -> dict`` with any of decoder, precision, device, gpu, device_kind,
     compile_seconds; with ``--batch_size > 1`` also ``.warmup_batches(groups of prompt texts)`` and
     ``.generate_batch(prompt_texts) -> result dicts`` (in input order).
@@ -235,6 +238,9 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
             compilation_cache_dir=FLAGS.compilation_cache_dir)
     else:
         generator = build_generator(decode, device, engine)
+    from alodlm_jax.generate import check_task_prompts
+
+    check_task_prompts(generator, tasks)  # D9: every prompt, before the first is decoded
     if batch_size == 1:
         generator.warmup(tasks[0]["prompt"])
 
@@ -328,7 +334,7 @@ def _evaluate() -> int:
     if _process_info is not None:
         state = distributed.prepare_shard_directory(FLAGS.output, _process_info, resume=FLAGS.resume)
     else:
-        state = prepare_output_directory(FLAGS.output, resume=FLAGS.resume)  # step 2
+        state = prepare_output_directory(FLAGS.output, resume=FLAGS.resume)  # step 2 (checked only)
     decode = decode_config_from_flags(FLAGS)  # step 3: validated in both modes, as the reference
     code_scoring_from_flags(FLAGS)
     if FLAGS.workers < 1:

@@ -16,16 +16,17 @@ This module imports no JAX.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import textwrap
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from absl import flags
 
-__all__ = ["USER_ERRORS", "normalize_argv", "parse_flags", "run_command", "error_line",
-           "define_decode_flags", "decode_config_from_flags", "define_model_flags",
-           "define_code_scoring_flags", "code_scoring_from_flags"]
+__all__ = ["USER_ERRORS", "FlagError", "normalize_argv", "parse_flags", "run_command", "error_line",
+           "define_decode_flags", "decode_config_from_flags", "naming_decode_flags",
+           "define_model_flags", "define_code_scoring_flags", "code_scoring_from_flags"]
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -100,6 +101,8 @@ def parse_flags(argv: Sequence[str], flag_values: flags.FlagValues,
     flag_values.unparse_flags()  # a previous in-process run must not leak values into this one
     try:
         remaining = flag_values(normalize_argv(argv, flag_values))
+    except flags.UnrecognizedFlagError as error:
+        raise UsageError(f"--{error.flagname}: {error}") from None
     except (flags.Error, ValueError) as error:
         raise UsageError(str(error)) from None
     if len(remaining) > 1:
@@ -195,14 +198,37 @@ def define_decode_flags(flag_values: flags.FlagValues) -> None:
                        ">= 0. Default: 0.05 * tau.", **d)
 
 
+class FlagError(ValueError):
+    """A bad flag value: ``--<flag>: <message>`` (the message keeps the reference's text)."""
+
+    def __init__(self, flag: str, message: str) -> None:
+        super().__init__(f"--{flag}: {message}")
+        self.flag = flag
+
+
+@contextlib.contextmanager
+def naming_decode_flags() -> Iterator[None]:
+    """Re-raise a :class:`~alodlm_jax.config.DecodeConfigError` as a :class:`FlagError` naming
+    the flag of the offending field (the flags are spelled as the fields are)."""
+    from alodlm_jax.config import DecodeConfigError
+
+    try:
+        yield
+    except DecodeConfigError as error:
+        raise FlagError(error.field, str(error)) from None
+
+
 def decode_config_from_flags(flag_values: flags.FlagValues):
-    """The validated decoding configuration of parsed :func:`define_decode_flags` values."""
+    """The validated decoding configuration of parsed :func:`define_decode_flags` values; an
+    invalid value is a :class:`FlagError` naming its flag."""
     from alodlm_jax.config import DecodeConfig
 
     fv = flag_values
-    return DecodeConfig(q=fv.q, tau=fv.tau, window_size=fv.window_size,
-                        max_new_tokens=fv.max_new_tokens, position_penalty=fv.position_penalty,
-                        mode=fv.mode)
+    with naming_decode_flags():
+        return DecodeConfig(q=fv.q, tau=fv.tau, window_size=fv.window_size,
+                            max_new_tokens=fv.max_new_tokens, position_penalty=fv.position_penalty,
+                            mode=fv.mode)
+
 
 
 def define_code_scoring_flags(flag_values: flags.FlagValues) -> None:

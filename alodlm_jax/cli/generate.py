@@ -14,8 +14,8 @@ from typing import Sequence
 
 from absl import flags
 
-from alodlm_jax.cli.flags import (decode_config_from_flags, define_decode_flags, define_model_flags,
-                                  run_command)
+from alodlm_jax.cli.flags import (FlagError, decode_config_from_flags, define_decode_flags,
+                                  define_model_flags, run_command)
 from alodlm_jax.config import DEFAULT_ENGINE, ENGINES
 
 PROG = "alodlm-jax-generate"
@@ -62,6 +62,10 @@ def _generate() -> int:
                                model_config=FLAGS.model_config)
     if prompt_ids is None:
         prompt_ids = generator.chat_prompt_ids(FLAGS.prompt, thinking=FLAGS.thinking)
+    try:
+        generator.check_prompt_ids(prompt_ids)
+    except ValueError as error:
+        raise FlagError("prompt" if FLAGS.prompt is not None else "prompt_ids", str(error)) from None
     result = generator.generate_ids(prompt_ids)
     print(json.dumps(result), flush=True)
     if FLAGS.stats:

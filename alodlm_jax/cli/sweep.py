@@ -23,7 +23,7 @@ from typing import Sequence, TextIO
 from absl import flags
 
 from alodlm_jax.cli.flags import (code_scoring_from_flags, define_code_scoring_flags,
-                                  define_model_flags, run_command)
+                                  define_model_flags, naming_decode_flags, run_command)
 from alodlm_jax.config import DEFAULT_ENGINE, ENGINES, DecodeConfig
 
 PROG = "alodlm-jax-sweep"
@@ -93,10 +93,11 @@ def _sweep() -> int:
     from alodlm_scoring.tasks import load_tasks, sha256_file
 
     tasks = load_tasks(FLAGS.input)
-    base = _base_config()
-    points = sweep.make_grid(sweep.parse_float_list(FLAGS.q, "q"),
-                             sweep.parse_float_list(FLAGS.tau, "tau"),
-                             sweep.parse_mode_list(FLAGS.mode), base)
+    with naming_decode_flags():  # an invalid value names its flag
+        base = _base_config()
+        points = sweep.make_grid(sweep.parse_float_list(FLAGS.q, "q"),
+                                 sweep.parse_float_list(FLAGS.tau, "tau"),
+                                 sweep.parse_mode_list(FLAGS.mode), base)
     states = sweep.describe_points(points, FLAGS.output)
     if FLAGS.dry_run:
         for point, state in states:

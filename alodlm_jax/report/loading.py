@@ -1,10 +1,11 @@
 """Reading an evaluation output directory (SCORING.md §7) for the report.
 
-The report never trusts a directory blindly: ``summary.json`` must have the §7.2 shape, and every
-``predictions.jsonl`` line must be a JSON object. Problems are :class:`ReportInputError` (a
-``ValueError``) whose message names the file, the line and the field, so the command can print one
-line and exit 2. Prediction rows are streamed, never held all at once: a full suite with
-4096-token generations would otherwise cost gigabytes for the per-token lists.
+The report never trusts a directory blindly: ``summary.json`` must have the §7.2 shape, and
+``predictions.jsonl`` is read with the evaluate command's reader (``alodlm_scoring.predictions``).
+Problems are :class:`ReportInputError` / ``PredictionFileError`` (both ``ValueError``) whose
+message names the file, the line and the field, so the command can print one line and exit 2.
+Prediction rows are streamed, never held all at once: a full suite with 4096-token generations
+would otherwise cost gigabytes for the per-token lists.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ import json
 import math
 import os
 from typing import Any, Iterator, Mapping
+
+from alodlm_scoring.errors import InputFileError
+from alodlm_scoring.predictions import read_prediction_rows
 
 __all__ = [
     "SUMMARY_FILE",
@@ -31,14 +35,12 @@ _SUITE_KEYS = ("benchmark_count", "macro_score_percent", "suite_wall_seconds",
                "suite_tokens_per_second")
 
 
-class ReportInputError(ValueError):
+class ReportInputError(InputFileError):
     """A malformed or missing evaluation output; the message names file, line and field."""
 
     def __init__(self, message: str, *, file: str, line: int | None = None,
                  field: str | None = None) -> None:
-        where = file + (f":{line}" if line is not None else "")
-        detail = f" (field {field!r})" if field is not None else ""
-        super().__init__(f"{where}: {message}{detail}")
+        super().__init__(message, file=file, line=line, field=field)
 
 
 def _is_number(value: Any) -> bool:
@@ -88,26 +90,14 @@ def read_summary(directory: str | os.PathLike) -> dict[str, Any]:
 def iter_prediction_rows(directory: str | os.PathLike) -> Iterator[tuple[int, Mapping[str, Any]]]:
     """``(line_number, row)`` for each line of ``predictions.jsonl``; nothing if the file is absent.
 
-    Every line must be a JSON object with a ``benchmark`` (a blank line is an error, as in the
-    evaluate command's own reader).
+    Read with the evaluate command's own reader (``alodlm_scoring.predictions``): every line must
+    be a JSON object (a blank line is an error); the fields are checked by the consumer
+    (:class:`~alodlm_jax.report.stats.StatsAccumulator`).
     """
-    path = os.path.join(os.fspath(directory), PREDICTIONS_FILE)
+    path = predictions_path(directory)
     if not os.path.exists(path):
         return
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ReportInputError(f"invalid JSON: {error.msg}", file=path,
-                                       line=number) from None
-            if not isinstance(row, dict):
-                raise ReportInputError("a prediction line must be a JSON object", file=path,
-                                       line=number)
-            if not isinstance(row.get("benchmark"), str):
-                raise ReportInputError("missing or not a string", file=path, line=number,
-                                       field="benchmark")
-            yield number, row
+    yield from read_prediction_rows(path)
 
 
 def predictions_path(directory: str | os.PathLike) -> str:

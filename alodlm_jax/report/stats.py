@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import math
 import os
 from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from .loading import ReportInputError, iter_prediction_rows, predictions_path
+from alodlm_scoring.errors import PredictionFileError
+from alodlm_scoring.predictions import REPORT_FIELDS, check_fields
+
+from .loading import iter_prediction_rows, predictions_path
 
 __all__ = ["HALT_BINS", "RunStats", "StatsAccumulator", "collect_run_stats", "collect_rows"]
 
@@ -63,16 +65,12 @@ class RunStats:
         return depth_sum / tokens
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
 class StatsAccumulator:
-    """Feeds rows one at a time; :meth:`result` freezes the totals into a :class:`RunStats`."""
+    """Feeds rows one at a time; :meth:`result` freezes the totals into a :class:`RunStats`.
+
+    Each row is checked with the prediction-file rules of ``alodlm_scoring.predictions``
+    (:data:`~alodlm_scoring.predictions.REPORT_FIELDS`); the errors name file, line and field.
+    """
 
     def __init__(self, file: str = "predictions.jsonl") -> None:
         self.file = file
@@ -87,23 +85,20 @@ class StatsAccumulator:
         self.loop_tokens = 0
         self.loop_rows = 0
 
-    def _bad(self, line: int, field: str, what: str) -> ReportInputError:
-        return ReportInputError(what, file=self.file, line=line, field=field)
+    def _missing(self, line: int, field: str, because: str) -> PredictionFileError:
+        return PredictionFileError(f"missing required field ({because})",
+                                   file=self.file, line=line, field=field)
 
     def add(self, line: int, row: Mapping[str, Any]) -> None:
+        check_fields(row, REPORT_FIELDS, file=self.file, line=line)  # the types of every field
         self.rows += 1
         benchmark = row["benchmark"]
         depths = row.get("exit_depths")
         if depths is not None:
-            if not isinstance(depths, list) or not all(_count(d) for d in depths):
-                raise self._bad(line, "exit_depths", "must be a list of non-negative integers")
             self.depths[benchmark].update(depths)
             self.depth_rows += 1
         halts = row.get("first_pass_halt_probabilities")
         if halts is not None:
-            if not isinstance(halts, list) or not all(_number(h) for h in halts):
-                raise self._bad(line, "first_pass_halt_probabilities",
-                                "must be a list of finite numbers")
             values = np.clip(np.asarray(halts, dtype=np.float64), 0.0, 1.0)
             counts, _ = np.histogram(values, bins=HALT_BINS)
             if benchmark in self.halts:
@@ -112,23 +107,20 @@ class StatsAccumulator:
                 self.halts[benchmark] = counts.astype(np.int64)
             self.halt_rows += 1
         steps, passes = row.get("outer_steps"), row.get("recurrent_passes")
+        tokens = row.get("generated_tokens")
         if steps is not None or passes is not None:
-            if not _count(steps):
-                raise self._bad(line, "outer_steps", "must be a non-negative integer")
-            if not _count(passes):
-                raise self._bad(line, "recurrent_passes", "must be a non-negative integer")
-            tokens = row.get("generated_tokens")
+            if steps is None:
+                raise self._missing(line, "outer_steps", "the row has recurrent_passes")
+            if passes is None:
+                raise self._missing(line, "recurrent_passes", "the row has outer_steps")
             if steps > 0:  # a generation that stopped at once has no windows to average over
                 self.passes_per_window.append(passes / steps)
-                if _count(tokens):
+                if tokens is not None:
                     self.tokens_per_window.append(tokens / steps)
         loop = row.get("loop_token_passes")
         if loop is not None:
-            tokens = row.get("generated_tokens")
-            if not _count(loop):
-                raise self._bad(line, "loop_token_passes", "must be a non-negative integer")
-            if not _count(tokens):
-                raise self._bad(line, "generated_tokens", "must be a non-negative integer")
+            if tokens is None:
+                raise self._missing(line, "generated_tokens", "the row has loop_token_passes")
             self.loop_passes += loop
             self.loop_tokens += tokens
             self.loop_rows += 1

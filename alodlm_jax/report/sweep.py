@@ -28,7 +28,8 @@ import os
 import sys
 from typing import Any, Iterable, Mapping, Protocol, Sequence, TextIO
 
-from alodlm_jax.config import MODES, DecodeConfig
+from alodlm_jax.config import MODES, DecodeConfig, DecodeConfigError
+from alodlm_scoring.evaluation import make_directories, remove_directories
 
 from .build import REPORT_FILE, build_run_report
 from .loading import PREDICTIONS_FILE, SUMMARY_FILE, read_summary
@@ -160,8 +161,8 @@ def make_grid(qs: Sequence[float], taus: Sequence[float], modes: Sequence[str],
     for point in points:
         try:
             point.decode_config(base)
-        except ValueError as error:
-            raise ValueError(f"grid point {point.name}: {error}") from None
+        except DecodeConfigError as error:
+            raise DecodeConfigError(f"grid point {point.name}: {error}", field=error.field) from None
     return points
 
 
@@ -210,14 +211,26 @@ def run_sweep(
 
     ``metadata`` (model, input, engine, …) is copied into sweep.json. With ``check_decode`` a
     complete point's ``protocol.decode`` must equal the point's decoding configuration, and with
-    ``input_sha256`` its ``protocol.input_sha256`` must match.
+    ``input_sha256`` its ``protocol.input_sha256`` must match. A sweep directory this call
+    creates is removed again if the call fails before anything is written in it.
     """
     root = os.fspath(root)
     log = log or sys.stderr
     names = [point.name for point in points]
     if len(set(names)) != len(names):
         raise ValueError("the grid has two points with the same directory name")
-    os.makedirs(root, exist_ok=True)
+    created = make_directories(root)
+    try:
+        return _run_points(points, root, runner, base=base, metadata=metadata,
+                           input_sha256=input_sha256, check_decode=check_decode, reports=reports,
+                           log=log)
+    except BaseException:
+        remove_directories(created)  # a root this run made, while still empty
+        raise
+
+
+def _run_points(points, root, runner, *, base, metadata, input_sha256, check_decode, reports,
+                log) -> SweepResult:
     done: list[PointResult] = []
     for index, point in enumerate(points, start=1):
         directory = os.path.join(root, point.name)

@@ -27,8 +27,8 @@ __all__ = ["EvaluationPointRunner", "SharedModelGenerators"]
 _PROTOCOL_FIELDS_FROM_GENERATOR = ("decoder", "precision", "device", "gpu", "device_kind",
                                    "compile_seconds")
 
-# A generator as the evaluate flow uses it: .warmup(prompt), .generate(prompt) -> result dict,
-# .protocol_fields() -> dict.
+# A generator as the evaluate flow uses it: .check_prompt(prompt), .warmup(prompt),
+# .generate(prompt) -> result dict, .protocol_fields() -> dict.
 GeneratorFactory = Callable[[DecodeConfig], Any]
 
 
@@ -82,6 +82,7 @@ class EvaluationPointRunner:
     code_verdicts: str = "reference"
     progress_factory: Callable[[SweepPoint], Any] | None = None
     _pool: Any = None
+    _prompts_checked: bool = False
 
     def __enter__(self) -> "EvaluationPointRunner":
         return self
@@ -111,6 +112,11 @@ class EvaluationPointRunner:
         generator = self.generators(decode)
         tasks = self.tasks
         if len(state.existing_lines) < len(tasks):
+            if not self._prompts_checked:  # every point has the same prompts and budget
+                from alodlm_jax.generate import check_task_prompts
+
+                check_task_prompts(generator, tasks)
+                self._prompts_checked = True
             generator.warmup(tasks[0]["prompt"])  # §6.4: compile before anything is timed
 
         def rows(start: int):

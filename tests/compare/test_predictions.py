@@ -222,3 +222,25 @@ def test_predictions_path_imports_neither_jax_nor_torch(pair):
             "print(rc, sorted(m for m in ('jax', 'torch', 'flax') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "1 []"
+
+
+def test_one_reader_for_compare_report_and_rescore(tmp_path):
+    """The same bad row gets the same one-line error from every command that reads predictions."""
+    from alodlm_jax.report.stats import collect_run_stats
+    from alodlm_scoring.errors import PredictionFileError
+    from alodlm_scoring.evaluation import load_predictions
+
+    rows = [_row(*r, wall=1.0) for r in ROWS_A]
+    rows[1]["wall_seconds"] = 0
+    run = tmp_path / "run"
+    run.mkdir()
+    path = _write(run / "predictions.jsonl", rows)
+    tasks = [{"benchmark": b, "id": i, "metric": "exact", "prompt": "p", "answer": "x"}
+             for b, i, *_ in ROWS_A]
+    expected = f"{path}:2: field 'wall_seconds': Invalid timing or token count in prediction"
+    for read in (lambda: compare.load_prediction_rows(path, require_correct=True),
+                 lambda: collect_run_stats(run),
+                 lambda: load_predictions(path, tasks)):
+        with pytest.raises(PredictionFileError) as caught:
+            read()
+        assert str(caught.value) == expected

@@ -201,16 +201,18 @@ def test_other_files_in_the_output_directory_are_tolerated(tmp_path, capsys):
     assert status == 0, err
 
 
-def test_worker_failure_is_one_line(tmp_path, capsys):
-    pairs = [(suites.python_task("bad", tests="  "), suites.identity_code())]
+def test_code_task_checks_run_when_the_task_file_is_loaded(tmp_path, capsys):
+    """D9: the check a scoring worker would fail on is made up front, naming file, line, field."""
+    pairs = [(suites.mc_task(1), "(B)"), (suites.python_task("bad", tests="  "),
+                                          suites.identity_code())]
     tasks_path, predictions_path = suites.write_suite(tmp_path, pairs)
     status, _, err = _run(["--input", tasks_path, "--predictions", predictions_path,
                            "--output", str(tmp_path / "out"), "--workers", "1"], capsys)
     assert status == 2
     assert err.strip().splitlines() == [
-        f"{PROG}: error: Isolated code scoring failed: ValueError: "
+        f"{PROG}: error: {tasks_path}:2: field 'tests': "
         "python_tests requires a nonempty local test program"]
-    assert not (tmp_path / "out" / "summary.json").exists()
+    assert not (tmp_path / "out").exists()
 
 
 def test_supplied_verdicts_are_recomputed_and_timing_copied(tmp_path, capsys):

@@ -189,6 +189,19 @@ def test_row_line_uses_default_json_format():
     assert outputs.row_line(row) == '{"text": "caf\\u00e9 \\u2212", "x": 1.0, "y": [1, 2]}\n'
 
 
+def test_lazy_row_writer_creates_the_file_with_its_first_row(tmp_path):
+    path = tmp_path / "predictions.jsonl"
+    with outputs.RowWriter(path, lazy=True):
+        pass
+    assert not path.exists()  # a run that fails before its first row leaves no empty file
+    writer = outputs.RowWriter(path, lazy=True)
+    writer.write({"a": 1})
+    assert path.read_text() == '{"a": 1}\n'
+    writer.close()
+    with pytest.raises(FileExistsError):
+        outputs.RowWriter(path, lazy=True).write({"a": 2})
+
+
 def test_row_writer_is_exclusive_and_flushes(tmp_path):
     path = tmp_path / "predictions.jsonl"
     writer = outputs.RowWriter(path)

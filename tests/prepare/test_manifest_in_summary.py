@@ -89,6 +89,9 @@ class _FixedGenerator:
     def warmup(self, prompt):
         pass
 
+    def check_prompt(self, prompt):  # the generator contract's up-front prompt check
+        return [1, 2, 3]
+
     def generate(self, prompt):
         from alodlm_jax.decode.result import RESULT_KEYS
 

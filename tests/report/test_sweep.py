@@ -159,6 +159,9 @@ class FakeGenerator:
     def warmup(self, prompt):
         self.warmups += 1
 
+    def check_prompt(self, prompt):  # the decoder's request checks: every fixture prompt passes
+        self.checked = getattr(self, "checked", 0) + 1
+
     def generate(self, prompt):
         if self.fail_after is not None and self.generated >= self.fail_after:
             raise KeyboardInterrupt("simulated kill")
@@ -219,6 +222,14 @@ def test_evaluation_runner_writes_evaluate_outputs_and_resumes(tmp_path):
     assert list(rows[0])[-4:] == ["benchmark", "id", "correct", "extracted"]
     assert not (tmp_path / "sw" / points[0].name / "report.html").exists()  # reports=False
     assert result.points[1].stats.loop_token_passes_per_output_token == pytest.approx(16 / 2)
+
+    # Killed before its first row: nothing is left, not even the sweep directory.
+    runner, _ = _runner(tmp_path, Factory(fail_after=0))
+    with pytest.raises(KeyboardInterrupt):
+        with runner:
+            sweep.run_sweep(points[1:], tmp_path / "runs" / "never", runner, base=BASE,
+                            log=io.StringIO())
+    assert not (tmp_path / "runs").exists()
 
     # Kill a point after one row, then resume: the files equal the uninterrupted run's.
     killed = Factory(fail_after=1)

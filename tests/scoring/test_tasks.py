@@ -12,6 +12,9 @@ from alodlm_scoring.tasks import load_tasks, sha256_file, task_key
 
 _MISSING = object()
 GOOD = {"benchmark": "b", "id": 1, "metric": "exact", "prompt": "p", "answer": "x"}
+TESTS = "assert f(1) == 1"
+CODE_TESTS = {"dataset": "humaneval", "entry_point": "f",
+              "suites": [{"inputs": [[1]], "expected": [1], "reference_seconds": [0.001]}]}
 
 
 def write_lines(tmp_path, lines, name="tasks.jsonl"):
@@ -34,7 +37,8 @@ def dumps(**overrides):
 def test_loads_records_in_order_and_skips_blank_lines(tmp_path):
     path = write_lines(
         tmp_path,
-        [dumps(id=2), "", "   \t", dumps(id="x", metric="python_tests", answer=_MISSING)],
+        [dumps(id=2), "", "   \t", dumps(id="x", metric="python_tests", answer=_MISSING,
+                                         tests=TESTS)],
     )
     tasks = load_tasks(path)
     assert [task["id"] for task in tasks] == [2, "x"]
@@ -57,8 +61,8 @@ def test_whitespace_only_prompt_is_accepted(tmp_path):
 
 
 def test_code_metrics_need_no_answer(tmp_path):
-    lines = [dumps(id=1, metric="python_tests", answer=_MISSING),
-             dumps(id=2, metric="evalplus", answer="")]
+    lines = [dumps(id=1, metric="python_tests", answer=_MISSING, tests=TESTS),
+             dumps(id=2, metric="evalplus", answer="", code_tests=CODE_TESTS)]
     assert len(load_tasks(write_lines(tmp_path, lines))) == 2
 
 
@@ -137,7 +141,8 @@ def test_non_object_line_is_reported(tmp_path):
 
 
 def test_unhashable_benchmark_is_reported(tmp_path):
-    with pytest.raises(TaskFileError, match=r":1: field 'benchmark': benchmark must be a hashable"):
+    with pytest.raises(TaskFileError,
+                       match=r":1: field 'benchmark': must be a string, got array"):
         load_tasks(write_lines(tmp_path, [dumps(benchmark=["b"])]))
 
 
