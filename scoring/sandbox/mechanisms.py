@@ -9,6 +9,8 @@
 ``pid-namespace``              the program sees only its own processes; all die with the run
 ``network-namespace``          no network interface at all (not even the machine's loopback)
 ``ipc-namespace``              no System V IPC or POSIX message queue shared with the machine
+``pids-cgroup``                at most 512 processes and threads in the whole sandbox (a cgroup's
+                               ``pids.max``; the bound for root, whom ``RLIMIT_NPROC`` exempts)
 ``minimal-root``               the filesystem is a fresh tree holding only the allowed paths,
                                read-only: the machine's sockets, secrets and file names are not
                                in it; ``/tmp`` is private
@@ -47,13 +49,14 @@ __all__ = ["ALL", "ALLOWED_VARIABLES", "read_paths", "environment", "ordered", "
 
 ALL = (
     "user-namespace", "mount-namespace", "pid-namespace", "network-namespace", "ipc-namespace",
+    "pids-cgroup",
     "minimal-root", "read-only-filesystem", "private-workdir", "private-dev-shm", "private-tmp", "private-run", "private-proc",
     "closed-file-descriptors", "hard-rlimits", "no-new-privileges", "capabilities-dropped",
     "landlock-filesystem", "landlock-ptrace-scope", "landlock-tcp", "landlock-signal-scope",
     "landlock-abstract-unix-scope", "environment-allowlist",
 )
 # Mechanisms a machine may legitimately lack without it being a gap worth a warning.
-_OPTIONAL = {"capabilities-dropped", "private-run", "private-tmp"}
+_OPTIONAL = {"capabilities-dropped", "private-run", "private-tmp", "pids-cgroup"}
 
 # Variables a program may see (their values are copied from the worker's environment);
 # EVALPLUS_MAX_MEMORY_BYTES because it changes evalplus's verdicts.

@@ -70,7 +70,7 @@ class Limits:
     address_space_bytes: int = 4 * 1024**3
     file_size_bytes: int = 512 * 1024**2
     open_files: int = 1024
-    processes: int = 512  # enforced by the kernel for non-root users only
+    processes: int = 512  # RLIMIT_NPROC (non-root users) and the pids cgroup's pids.max
     core_bytes: int = 0
     workdir_bytes: int = 512 * 1024**2
     tmp_bytes: int = 256 * 1024**2
@@ -222,7 +222,7 @@ class Host:
                  scratch: str) -> None:
         self.policy = policy
         self.jobs = jobs
-        self.namespaces = set(namespaces)
+        self.namespaces = set(namespaces)  # and "pids-cgroup" when the outer process made one
         self.mechanisms: list[str] = list(namespaces)  # in force in every run (host-level)
         self.scratch = scratch
         self.workdir = os.path.join(scratch, "run")

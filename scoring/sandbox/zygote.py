@@ -19,9 +19,10 @@ import signal
 import socket
 import struct
 import sys
+import time
 from typing import Any
 
-from . import linux, mechanisms
+from . import cgroup, linux, mechanisms
 from .process import Limits, Policy, Result, Run
 
 __all__ = ["Zygote", "ZygoteError"]
@@ -66,6 +67,7 @@ class Zygote:
         self.missing: tuple[str, ...] = ()
         self._sock: socket.socket | None = None
         self._pid: int | None = None
+        self._cgroup: str | None = None
 
     @property
     def pid(self) -> int | None:
@@ -97,6 +99,7 @@ class Zygote:
             raise ZygoteError(hello["error"])
         self.mechanisms = tuple(hello["mechanisms"])
         self.missing = tuple(hello["missing"])
+        self._cgroup = hello.get("cgroup")
         return self
 
     def run(self, run: Run) -> Result:
@@ -121,6 +124,13 @@ class Zygote:
             except (ProcessLookupError, ChildProcessError):
                 pass
             self._pid = None
+        if self._cgroup is not None:  # empty once the host is gone (it dies with the outer)
+            for _ in range(50):
+                cgroup.remove(self._cgroup)
+                if not os.path.exists(self._cgroup):
+                    break
+                time.sleep(0.02)
+            self._cgroup = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -143,11 +153,14 @@ def _outer(sock: socket.socket, worker: int, scratch: str, disabled: frozenset[s
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     policy = Policy(read_paths=mechanisms.read_paths(), environment=mechanisms.environment(),
                     limits=limits, disabled=disabled)
-    namespaces = enter_namespaces(policy)
+    pids = None
+    if "pids-cgroup" not in disabled:  # before the namespaces: the hierarchy is the machine's
+        pids = cgroup.enter_pids_limit(limits.processes, f"alodlm-sandbox-{os.getpid()}")
+    namespaces = enter_namespaces(policy) + (["pids-cgroup"] if pids else [])
     host = os.fork()
     if host == 0:
         try:
-            _host(sock, os.getppid(), scratch, policy, namespaces)
+            _host(sock, os.getppid(), scratch, policy, namespaces, pids)
         finally:
             os._exit(0)
     sock.close()  # the worker sees the host's end of the socket close when the host dies
@@ -155,7 +168,7 @@ def _outer(sock: socket.socket, worker: int, scratch: str, disabled: frozenset[s
 
 
 def _host(sock: socket.socket, outer: int, scratch: str, policy: Policy,
-          namespaces: list[str]) -> None:
+          namespaces: list[str], pids_cgroup: str | None) -> None:
     linux.set_parent_death_signal()
     if os.getppid() != outer:
         return
@@ -174,7 +187,8 @@ def _host(sock: socket.socket, outer: int, scratch: str, policy: Policy,
         found = mechanisms.ordered(probe.mechanisms)
         host.policy = Policy(policy.read_paths, policy.environment, policy.limits,
                              policy.disabled, frozenset(found))
-        _send(sock, {"mechanisms": found, "missing": mechanisms.missing(found)})
+        _send(sock, {"mechanisms": found, "missing": mechanisms.missing(found),
+                     "cgroup": pids_cgroup})
     except BaseException as error:  # noqa: BLE001 - reported to the worker
         try:
             _send(sock, {"error": f"the code sandbox failed to start: "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from alodlm_scoring.isolation import ScoringPool
@@ -9,10 +11,15 @@ from alodlm_scoring.isolation import ScoringPool
 
 @pytest.fixture(scope="session")
 def sandbox_mechanisms() -> frozenset[str]:
-    """The mechanisms a scoring worker's sandbox has here (probed by one worker)."""
+    """The mechanisms a scoring worker's sandbox has here (probed by one worker), plus
+    ``process-limit`` where the number of processes is bounded (a pids cgroup, or
+    ``RLIMIT_NPROC``, which binds every user but root)."""
     with ScoringPool(1) as pool:
         described = pool.code_sandbox
-    return frozenset(described["mechanisms"] or ())
+    found = set(described["mechanisms"] or ())
+    if "pids-cgroup" in found or (os.geteuid() != 0 and "hard-rlimits" in found):
+        found.add("process-limit")
+    return frozenset(found)
 
 
 def require(mechanisms: frozenset[str], needs=(), needs_any=()) -> None:

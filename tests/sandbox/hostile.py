@@ -161,6 +161,11 @@ CASES = [
     Case("fork_bomb_64", "python_tests",
          _NAME + "import os, time\nfor _ in range(64):\n    if os.fork() == 0:\n        _name()\n"
          "        time.sleep(600)\n        os._exit(0)\n" + _IDENTITY, True),
+    Case("fork_bomb_past_the_process_limit", "python_tests",
+         _NAME + "import os, time\nstarted = 0\nfor _ in range(700):\n    try:\n        pid = os.fork()\n"
+         "    except OSError:\n        break\n    if pid == 0:\n        _name()\n        time.sleep(600)\n"
+         "        os._exit(0)\n    started += 1\nassert started >= 700\n" + _IDENTITY, False,
+         needs=("process-limit",), timeout=10.0),
     Case("thread_bomb_600", "python_tests",
          "import threading, time\nthreads = []\nfor _ in range(600):\n    try:\n"
          "        t = threading.Thread(target=time.sleep, args=(600,))\n        t.start()\n"
