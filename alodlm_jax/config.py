@@ -14,6 +14,8 @@ MODES = ("entropy", "left1")
 ENGINES = ("portable", "compiled")
 DEFAULT_ENGINE = "compiled"  # the whole generation is one XLA program per shape bucket
 ENGINE_NAMES = {"portable": "jax-xla-portable", "compiled": "jax-xla-compiled"}
+# Compiled programs a process keeps in memory (alodlm_jax.decode.programs).
+DEFAULT_MAX_PROGRAMS = 32
 
 
 @dataclasses.dataclass(frozen=True)
