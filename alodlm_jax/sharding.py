@@ -433,15 +433,15 @@ def build_generator(*, model: str, mesh: MeshSpec | str | None = None, model_con
     """
     from alodlm_convert.resolve import resolve_model
     from alodlm_jax.config import ENGINES
-    from alodlm_jax.generate import DEVICES, PRECISIONS, Generator, load_tokenizer
+    from alodlm_jax.generate import (DEVICES, PRECISIONS, Generator, enable_compilation_cache,
+                                     load_tokenizer)
     from alodlm_jax.params import load_model
 
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {list(ENGINES)}, got {engine!r}")
-    if compilation_cache_dir:
-        jax.config.update("jax_compilation_cache_dir", str(compilation_cache_dir))
+    enable_compilation_cache(compilation_cache_dir)
     spec = mesh if isinstance(mesh, MeshSpec) else MeshSpec.parse(mesh)
     first = local_device(device)
     model_dir = resolve_model(model)

@@ -4,9 +4,17 @@ The scoring and evaluation tests run model code in-process through ``subprocess`
 ``multiprocessing`` (fork). Forking a process whose JAX backend is running can deadlock (JAX warns
 about it), so those tests run first, before any test starts a JAX backend. Production code never
 does this: the evaluator scores code in fresh interpreters (``alodlm_scoring.isolation``).
+
+The commands keep JAX's persistent compilation cache in the user's cache directory by default
+(``$XDG_CACHE_HOME/alodlm-jax/xla``); the suite points ``XDG_CACHE_HOME`` at a temporary directory
+(inherited by every child process it starts) so that no test writes into the real one.
 """
 
 from __future__ import annotations
+
+import os
+import shutil
+import tempfile
 
 _RUN_FIRST = ("tests/scoring/", "tests/evaluation/")
 
@@ -17,3 +25,17 @@ def pytest_collection_modifyitems(session, config, items):
         return 0 if path.startswith(_RUN_FIRST) else 1
 
     items.sort(key=rank)  # stable: file order is kept inside each group
+
+
+_CACHE_HOME: str | None = None
+
+
+def pytest_configure(config):
+    global _CACHE_HOME
+    _CACHE_HOME = tempfile.mkdtemp(prefix="alodlm-jax-test-cache-")
+    os.environ["XDG_CACHE_HOME"] = _CACHE_HOME
+
+
+def pytest_unconfigure(config):
+    if _CACHE_HOME is not None:
+        shutil.rmtree(_CACHE_HOME, ignore_errors=True)

@@ -17,7 +17,8 @@ from typing import Any, Mapping, Sequence, TextIO
 
 from absl import flags
 
-from alodlm_jax.cli.flags import (decode_config_from_flags, define_decode_flags, define_model_flags,
+from alodlm_jax.cli.flags import (apply_compilation_flags, decode_config_from_flags,
+                                  define_compilation_flags, define_decode_flags, define_model_flags,
                                   run_command)
 from alodlm_jax.config import DEFAULT_ENGINE, ENGINE_NAMES, ENGINES, DecodeConfig
 
@@ -54,9 +55,7 @@ flags.DEFINE_boolean("overlap_scoring", False, "Generate mode: score code tasks 
 flags.DEFINE_boolean("resume", False, "Continue an interrupted run in --output: keep its "
                      "predictions.jsonl rows (checked against the tasks), drop a torn last line, "
                      "score the rest; the files equal an uninterrupted run's.", flag_values=FLAGS)
-flags.DEFINE_string("compilation_cache_dir", None, "Persistent JAX compilation cache directory "
-                    "(generate mode): every program is cached there, so a rerun with the same "
-                    "shapes skips compilation.", flag_values=FLAGS)
+define_compilation_flags(FLAGS)  # generate mode
 flags.DEFINE_integer("batch_size", 1, "Generate mode: N tasks decoded together by one compiled "
                      "program, a finished task's slot taking the next waiting task (continuous "
                      "batching; needs the compiled engine; not with --mesh or several "
@@ -176,7 +175,8 @@ def engine_for_run() -> str:
     return "portable" if MeshSpec.parse(FLAGS.mesh).num_devices > 1 else FLAGS.engine
 
 
-def build_generator(decode: DecodeConfig, device: str, engine: str | None = None):
+def build_generator(decode: DecodeConfig, device: str, engine: str | None = None,
+                    compilation_cache_dir: str | None = None):
     """The generate-mode generator from ``alodlm_jax.generate`` (imports JAX).
 
     Contract: ``.warmup(prompt)``, ``.generate(prompt_text) -> result dict`` (§7.1 keys 1-15), and
@@ -198,7 +198,7 @@ def build_generator(decode: DecodeConfig, device: str, engine: str | None = None
         precision=FLAGS.precision,
         decode_config=decode,
         engine=engine or FLAGS.engine,
-        compilation_cache_dir=FLAGS.compilation_cache_dir,
+        compilation_cache_dir=compilation_cache_dir,
         batch_size=FLAGS.batch_size,
     )
 
@@ -221,6 +221,7 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
     from alodlm_jax.generate import default_device  # imports JAX: generate mode only
 
     device = FLAGS.device or default_device()
+    cache_dir = apply_compilation_flags(FLAGS)
     input_sha256 = sha256_file(FLAGS.input)
     if FLAGS.mesh is not None or _process_info is not None:  # scaling out: local devices, mesh
         from alodlm_jax import sharding
@@ -228,9 +229,9 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
         generator = sharding.build_generator(
             model=FLAGS.model, mesh=FLAGS.mesh, model_config=FLAGS.model_config, device=device,
             precision=FLAGS.precision, decode_config=decode, engine=engine,
-            compilation_cache_dir=FLAGS.compilation_cache_dir)
+            compilation_cache_dir=cache_dir)
     else:
-        generator = build_generator(decode, device, engine)
+        generator = build_generator(decode, device, engine, cache_dir)
     if batch_size == 1:
         generator.warmup(tasks[0]["prompt"])
 

@@ -60,7 +60,7 @@ from alodlm_jax.config import DecodeConfig
 from alodlm_jax.decode import state as S
 from alodlm_jax.decode import portable as P
 from alodlm_jax.decode.portable import _signature, _spec, prefill  # shared with the portable engine
-from alodlm_jax.decode.programs import PROGRAMS
+from alodlm_jax.decode.programs import PROGRAMS, enable_persistent_cache
 from alodlm_jax.decode.result import DecodeOutput, result_dict, work_counters
 
 STOP_ID_SLOTS = 8
@@ -199,15 +199,6 @@ _JIT = {
                       donate_argnames=("cache",)),
     "prefill": jax.jit(_prefill_program, static_argnames=("cfg",), donate_argnames=("cache",)),
 }
-
-
-def enable_persistent_cache(directory: str | None) -> None:
-    """Turns on JAX's persistent compilation cache in ``directory`` (every program is cached)."""
-    if not directory:
-        return
-    jax.config.update("jax_compilation_cache_dir", str(directory))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 # ---------------------------------------------------------------------------------------------

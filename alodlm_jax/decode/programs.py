@@ -18,18 +18,22 @@ store (held by their ``Compiled`` objects) are the only ones left; everything el
 compiled again on its next use. To make that rare, an eviction drops the least recently used
 quarter of the store at once. The persistent compilation cache on disk is not affected, so a
 program compiled again after an eviction is usually read back from it.
+
+:func:`enable_persistent_cache` turns that on-disk cache on (the commands do by default, see
+``alodlm_jax.cli.flags.define_compilation_flags``).
 """
 
 from __future__ import annotations
 
 import collections
+import os
 import threading
 import time
 from typing import Any, Callable, Hashable
 
 import jax
 
-from alodlm_jax.config import DEFAULT_MAX_PROGRAMS
+from alodlm_jax.config import DEFAULT_COMPILATION_CACHE_BYTES, DEFAULT_MAX_PROGRAMS
 
 
 class ProgramStore:
@@ -109,3 +113,20 @@ def set_max_programs(max_programs: int) -> None:
     """Bounds the programs the process keeps (see the module docstring)."""
     PROGRAMS.resize(max_programs)
 
+
+def enable_persistent_cache(directory: str | os.PathLike | None,
+                            max_bytes: int = DEFAULT_COMPILATION_CACHE_BYTES) -> None:
+    """Turns on JAX's persistent compilation cache in ``directory`` (None or "": no-op).
+
+    Every program is cached (no minimum compile time or size), and the directory is bounded to
+    ``max_bytes`` with JAX's own least-recently-used eviction (``jax_compilation_cache_max_size``)
+    unless the environment sets ``JAX_COMPILATION_CACHE_MAX_SIZE``. JAX opens the cache at the
+    first compilation after this call and keeps that directory for the rest of the process.
+    """
+    if not directory:
+        return
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    if "JAX_COMPILATION_CACHE_MAX_SIZE" not in os.environ:
+        jax.config.update("jax_compilation_cache_max_size", int(max_bytes))
