@@ -110,13 +110,6 @@ class CheckpointSources:
     tensors: dict[SlotKey, TensorSource]
     gate: dict[str, np.ndarray]  # ours (weight [H], bias [], depth_bias [K]), fp32
 
-    def read(self, key: SlotKey) -> np.ndarray:
-        """One backbone tensor, freshly allocated, in our layout and the target dtype."""
-        source = self.tensors[key]
-        out = np.empty(source.entry.shape, self.target_dtype)
-        source.read_into(out)
-        return out
-
 
 def is_converted_dir(path: str | pathlib.Path) -> bool:
     return (pathlib.Path(path) / MANIFEST_FILE).is_file()

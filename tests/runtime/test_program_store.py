@@ -77,6 +77,7 @@ def test_engines_stay_within_a_fixed_number_of_maps():
 
     cfg, params = load_model(BUILTINS["builtin:tiny"], "fp32", per_layer=True)
     before = programs.PROGRAMS.max_programs
+    programs.PROGRAMS.clear()  # nothing of earlier tests in the count
     programs.set_max_programs(1)
     try:
         counts = [memory_maps()]
@@ -103,6 +104,7 @@ def test_a_sweep_over_windows_and_budgets_stays_within_a_fixed_number_of_maps():
     from alodlm_jax.generate import Generator
 
     before = programs.PROGRAMS.max_programs
+    programs.PROGRAMS.clear()  # nothing of earlier tests in the count
     programs.set_max_programs(4)
     try:
         base = Generator.load(BUILTINS["builtin:tiny"], engine="compiled", batch_size=2)
