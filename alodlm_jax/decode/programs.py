@@ -16,8 +16,8 @@ executable they produced, for as long as the jitted function lives (measured: th
 move). So an eviction also calls :func:`jax.clear_caches`, after which the executables in this
 store (held by their ``Compiled`` objects) are the only ones left; everything else JAX compiled is
 compiled again on its next use. To make that rare, an eviction drops the least recently used
-quarter of the store at once. The persistent compilation cache on disk is not affected, so a
-program compiled again after an eviction is usually read back from it.
+quarter of the store at once. The persistent compilation cache on disk is not affected: where it
+is on (the commands' default), a program compiled again after an eviction is read back from it.
 
 :func:`enable_persistent_cache` turns that on-disk cache on (the commands do by default, see
 ``alodlm_jax.cli.flags.define_compilation_flags``).
