@@ -14,6 +14,10 @@ MODES = ("entropy", "left1")
 ENGINES = ("portable", "compiled")
 DEFAULT_ENGINE = "compiled"  # the whole generation is one XLA program per shape bucket
 ENGINE_NAMES = {"portable": "jax-xla-portable", "compiled": "jax-xla-compiled"}
+# Compiled programs a process keeps in memory (alodlm_jax.decode.programs), and the size bound of
+# JAX's persistent compilation cache on disk (the commands turn it on by default).
+DEFAULT_MAX_PROGRAMS = 32
+DEFAULT_COMPILATION_CACHE_BYTES = 4 * 10**9
 
 
 class DecodeConfigError(ValueError):

@@ -111,9 +111,10 @@ def check_batch_size(engine: str, batch_size: int) -> None:
 
 
 def enable_compilation_cache(directory: str | None) -> None:
-    """JAX's persistent compilation cache in ``directory`` (every program cached); None: no-op."""
+    """JAX's persistent compilation cache in ``directory`` (every program cached, size bounded:
+    :func:`alodlm_jax.decode.programs.enable_persistent_cache`); None: no-op."""
     if directory:
-        from alodlm_jax.decode.compiled import enable_persistent_cache
+        from alodlm_jax.decode.programs import enable_persistent_cache
 
         enable_persistent_cache(str(directory))
 

@@ -29,6 +29,22 @@ def _target_dtype(path: tuple[str, ...], array, dtype):
     return resolve_dtype(dtype)
 
 
+def _put(keys: tuple[str, ...], leaf, dtype, sharding: ShardingHook | None) -> jax.Array:
+    """One leaf on its device (``sharding``'s placement, or the default device), cast to its target
+    dtype on the host first; returns once the transfer is complete.
+
+    JAX itself may keep the host array alive a little longer: measured with jax 0.10.2 on a CPU,
+    it lets go of a transferred numpy array at a later transfer, not when the transfer completes.
+    """
+    target = _target_dtype(keys, leaf, dtype)
+    host = np.asarray(leaf)
+    if host.dtype != target:
+        host = host.astype(target)
+    placement = sharding(keys, host) if sharding is not None else None
+    array = jax.device_put(host, placement) if placement is not None else jnp.asarray(host)
+    return jax.block_until_ready(array)
+
+
 def to_device(params: Params, dtype="keep", sharding: ShardingHook | None = None, *,
               per_layer: bool = False) -> Params:
     """Numpy (or jax) params -> jax arrays; every tensor cast to ``dtype`` except the fp32 gate.
@@ -37,18 +53,14 @@ def to_device(params: Params, dtype="keep", sharding: ShardingHook | None = None
     transfer, so a bf16 model never occupies fp32 device memory. ``per_layer`` splits the layer
     groups into tuples of per-layer dicts on the host first (:func:`alodlm_jax.model.unstack_layers`,
     the fast layout for decoding; the sharding hook then sees paths like ``("core", "0", "q")``).
+    The whole numpy pytree stays alive until the end; :func:`load_model` streams instead.
     """
     if per_layer:
         params = unstack_layers(params)
 
     def convert(path, leaf):
         keys = tuple(str(getattr(k, "key", k)) for k in path)
-        target = _target_dtype(keys, leaf, dtype)
-        host = np.asarray(leaf)
-        if host.dtype != target:
-            host = host.astype(target)
-        placement = sharding(keys, host) if sharding is not None else None
-        return jax.device_put(host, placement) if placement is not None else jnp.asarray(host)
+        return _put(keys, leaf, dtype, sharding)
 
     return jax.tree_util.tree_map_with_path(convert, params)
 
@@ -59,12 +71,24 @@ def load_model(model: str, dtype="bf16", sharding: ShardingHook | None = None, m
 
     Resolution (hub download when ``model`` is not a local directory) and validation are the
     converter's; the arrays are cast to ``dtype`` (``"fp32"``, ``"bf16"`` or ``"keep"``).
-    ``per_layer``: see :func:`to_device`.
-    """
-    from alodlm_convert.load import load_params
+    ``per_layer``: see :func:`to_device` (the sharding hook sees the same paths).
 
-    cfg, host_params = load_params(model, dtype, model_config_yaml=model_config_yaml)
-    return cfg, to_device(host_params, dtype, sharding, per_layer=per_layer)
+    Streaming: each leaf is read from the files into a fresh host array in its final layout and
+    dtype, put on its device, and dropped before the next is read, so this loader holds no more
+    than the device copies (host memory themselves on a CPU) plus one leaf (one tensor with
+    ``per_layer``; one layer group's stack of one tensor otherwise) and a block of rows; JAX may
+    hold the previous leaf until the next transfer (:func:`_put`), and small leaves lie between
+    the large ones (``embed``, ``final_norm``, ``lm_head``, the gate, then the layers).
+    """
+    from alodlm_convert.load import assemble_params, params_leaves
+    from alodlm_convert.sources import open_checkpoint
+
+    sources = open_checkpoint(model, dtype, model_config_yaml)
+    on_device = []
+    for path, host in params_leaves(sources, per_layer=per_layer):
+        on_device.append((path, _put(path, host, dtype, sharding)))
+        del host  # before the next leaf is read
+    return sources.config, assemble_params(on_device, per_layer=per_layer)
 
 
 def param_count(params: Params) -> int:

@@ -41,7 +41,6 @@ requested layer range. No device (and no host buffer) ever holds a full copy of 
 from __future__ import annotations
 
 import dataclasses
-import math
 import pathlib
 import re
 from typing import Any, Callable, Sequence
@@ -245,97 +244,22 @@ def sharding_hook(mesh: Mesh) -> Callable[[tuple[str, ...], Any], NamedSharding]
 # --------------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class _Source:
-    """Where one stored tensor's bytes are and how to view them in our layout."""
-
-    path: pathlib.Path
-    offset: int  # absolute byte offset of the tensor's data
-    stored_shape: tuple[int, ...]
-    stored_dtype: np.dtype
-    entry: Any  # alodlm_convert.mapping.Entry (transform, hf/our shapes)
-    hf_layout: bool  # True: stored in Hugging Face layout (needs the converter's view transform)
-
-    def view(self) -> np.ndarray:
-        """Our-layout view of the stored bytes; nothing is read until it is indexed."""
-        from alodlm_convert.mapping import to_ours
-
-        if math.prod(self.stored_shape) == 0:
-            raw = np.empty(self.stored_shape, self.stored_dtype)
-        else:
-            raw = np.memmap(self.path, dtype=self.stored_dtype, mode="r", offset=self.offset,
-                            shape=self.stored_shape)
-        return to_ours(self.entry, raw) if self.hf_layout else raw
-
-
-def _read_slice(source: _Source, index: tuple, dtype: np.dtype) -> np.ndarray:
-    """The requested slice of one tensor, copied out of the file and cast exactly to ``dtype``."""
+def _read_slice(source, index: tuple, dtype: np.dtype) -> np.ndarray:
+    """The requested slice of one tensor (an ``alodlm_convert.sources.TensorSource``), copied out
+    of the file and cast exactly to ``dtype``."""
     from alodlm_convert.transforms import cast
 
     part = np.ascontiguousarray(source.view()[index])
     return np.ascontiguousarray(cast(part, dtype))
 
 
-def _leaf_callback(source: _Source, dtype: np.dtype):
+def _leaf_callback(source, dtype: np.dtype):
     """``cb(index)`` for ``make_array_from_callback``: one shard of a top-level tensor."""
     return lambda index: _read_slice(source, tuple(index), dtype)
 
 
 def _make_array(shape: tuple[int, ...], sharding: NamedSharding, callback) -> jax.Array:
     return jax.make_array_from_callback(shape, sharding, callback)
-
-
-def _hf_sources(model_dir: pathlib.Path, dtype: str, model_config_yaml):
-    from alodlm_convert.checkpoint import plan_hf_checkpoint
-    from alodlm_convert.mapping import gate_to_ours
-
-    plan = plan_hf_checkpoint(model_dir, dtype, model_config_yaml)
-    sources = {t.entry.hf_name: _Source(t.file.path, t.info.start, t.info.shape, t.info.np_dtype, t.entry, True)
-               for t in plan.tensors}
-    by_entry = {_entry_key(t.entry): sources[t.entry.hf_name] for t in plan.tensors}
-    return plan.config, by_entry, gate_to_ours(plan.gate), plan.target_dtype
-
-
-def _converted_sources(model_dir: pathlib.Path, dtype: str):
-    from alodlm_convert.checkpoint import resolve_target_dtype
-    from alodlm_convert.config import load_model_config
-    from alodlm_convert.errors import raise_if_problems
-    from alodlm_convert.load import PARAMS_FILE, read_manifest
-    from alodlm_convert.mapping import GATE_KEYS, backbone_entries, converted_gate_shapes
-    from alodlm_convert.safetensors_io import SafetensorsFile
-
-    read_manifest(model_dir)
-    cfg = load_model_config(model_dir)
-    f = SafetensorsFile(model_dir / PARAMS_FILE)
-    entries = backbone_entries(cfg)
-    problems: list[str] = []
-    source_dtypes: set[np.dtype] = set()
-    by_entry = {}
-    for e in entries:
-        info = f.tensors.get(e.name)
-        if info is None:
-            problems.append(f"{PARAMS_FILE}: missing tensor {e.name!r}")
-            continue
-        if info.shape != e.shape:
-            problems.append(f"{PARAMS_FILE}: {e.name}: shape {list(info.shape)} != expected {list(e.shape)}")
-            continue
-        source_dtypes.add(info.np_dtype)
-        by_entry[_entry_key(e)] = _Source(f.path, info.start, info.shape, info.np_dtype, e, False)
-    gate = {}
-    for key, shape in converted_gate_shapes(cfg).items():
-        info = f.tensors.get(f"gate.{key}")
-        if info is None or info.shape != shape or info.dtype != "F32":
-            problems.append(f"{PARAMS_FILE}: gate.{key}: missing, or not F32 {list(shape)}")
-            continue
-        gate[key] = f.read(f"gate.{key}")
-    assert set(gate) <= set(GATE_KEYS)
-    target = resolve_target_dtype(dtype, source_dtypes, problems)
-    raise_if_problems(problems, where=str(model_dir))
-    return cfg, by_entry, gate, target
-
-
-def _entry_key(entry) -> tuple:
-    return (entry.key,) if entry.group is None else (entry.group, entry.key, entry.index)
 
 
 def load_sharded_params(model_dir: str | pathlib.Path, cfg, mesh: Mesh, dtype: str = "bf16", *,
@@ -356,13 +280,11 @@ def load_sharded_params(model_dir: str | pathlib.Path, cfg, mesh: Mesh, dtype: s
 def load_sharded_model(model: str | pathlib.Path, mesh: Mesh, dtype: str = "bf16", *,
                        model_config_yaml=None):
     """``(ModelConfig, sharded params)`` from a converted dir, an HF dir or a Hub id."""
-    from alodlm_convert.load import locate_checkpoint
+    from alodlm_convert.sources import open_checkpoint
 
-    path, converted = locate_checkpoint(model, dtype, model_config_yaml)
-    if converted:
-        cfg, sources, gate, target = _converted_sources(path, dtype)
-    else:
-        cfg, sources, gate, target = _hf_sources(path, dtype, model_config_yaml)
+    checkpoint = open_checkpoint(model, dtype, model_config_yaml)
+    cfg, sources, gate, target = (checkpoint.config, checkpoint.tensors, checkpoint.gate,
+                                  checkpoint.target_dtype)
     shardings = param_shardings(mesh, cfg)
     sizes = {"prelude": cfg.num_prelude_layers, "core": cfg.num_core_layers, "coda": cfg.num_coda_layers}
     from alodlm_convert.mapping import layer_shapes
@@ -384,7 +306,7 @@ def load_sharded_model(model: str | pathlib.Path, mesh: Mesh, dtype: str = "bf16
     return cfg, params
 
 
-def _stack_callback(sources: Sequence[_Source], layer_shape: tuple[int, ...], dtype: np.dtype):
+def _stack_callback(sources: Sequence, layer_shape: tuple[int, ...], dtype: np.dtype):
     def stack(index):
         index = tuple(index)
         layers = range(len(sources))[index[0]]
@@ -433,15 +355,15 @@ def build_generator(*, model: str, mesh: MeshSpec | str | None = None, model_con
     """
     from alodlm_convert.resolve import resolve_model
     from alodlm_jax.config import ENGINES
-    from alodlm_jax.generate import DEVICES, PRECISIONS, Generator, load_tokenizer
+    from alodlm_jax.generate import (DEVICES, PRECISIONS, Generator, enable_compilation_cache,
+                                     load_tokenizer)
     from alodlm_jax.params import load_model
 
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {list(ENGINES)}, got {engine!r}")
-    if compilation_cache_dir:
-        jax.config.update("jax_compilation_cache_dir", str(compilation_cache_dir))
+    enable_compilation_cache(compilation_cache_dir)
     spec = mesh if isinstance(mesh, MeshSpec) else MeshSpec.parse(mesh)
     first = local_device(device)
     model_dir = resolve_model(model)

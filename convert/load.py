@@ -1,159 +1,113 @@
 """Load a checkpoint (Hugging Face or converted directory) into the numpy params pytree.
 
 The pytree is DESIGN.md's: top-level ``embed``/``final_norm``/``lm_head``, an fp32 ``gate``, and
-three layer stacks (``prelude``, ``core``, ``coda``) whose arrays carry a leading layer axis (length
-0 for an empty group, with the right trailing shapes). Arrays are allocated once at their final
-size and dtype and filled tensor by tensor, so peak memory is about the model plus one tensor.
+three layer groups (``prelude``, ``core``, ``coda``), each either a stack whose arrays carry a
+leading layer axis (length 0 for an empty group, with the right trailing shapes) or, with
+``per_layer``, a tuple of per-layer dicts (the layout decoding uses).
+
+:func:`params_leaves` produces the leaves one at a time, each allocated at its final size and
+dtype and filled straight from the files (:meth:`~alodlm_convert.sources.TensorSource.read_into`);
+:func:`assemble_params` builds the pytree from them. :func:`load_params` keeps every leaf (peak
+memory about the model plus one block of rows); a consumer that moves each leaf elsewhere before
+asking for the next (``alodlm_jax.params.load_model`` puts it on the device) holds one leaf at a
+time.
 """
 
 from __future__ import annotations
 
-import json
 import pathlib
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from alodlm_convert.checkpoint import DTYPE_CHOICES, plan_hf_checkpoint, resolve_target_dtype
-from alodlm_convert.config import ModelConfig, load_model_config
-from alodlm_convert.errors import CheckpointError, raise_if_problems
-from alodlm_convert.mapping import (GATE_KEYS, LAYER_GROUPS, Entry, backbone_entries,
-                                    converted_gate_shapes, fill_ours, gate_to_ours, layer_shapes)
-from alodlm_convert.transforms import cast
-from alodlm_convert.safetensors_io import SafetensorsFile
+from alodlm_convert.config import ModelConfig
+from alodlm_convert.mapping import LAYER_GROUPS, layer_shapes
+from alodlm_convert.sources import (MANIFEST_FILE, MANIFEST_FORMAT, PARAMS_FILE,
+                                    CheckpointSources, is_converted_dir, locate_checkpoint,
+                                    open_checkpoint, read_manifest)
 
 Params = dict[str, Any]
-MANIFEST_FILE = "manifest.json"
-PARAMS_FILE = "params.safetensors"
-MANIFEST_FORMAT = "alodlm-jax-params"
+LeafPath = tuple[str, ...]  # ("embed",), ("gate", "bias"), ("core", "q") or ("core", "0", "q")
+TOP_LEVEL = ("embed", "final_norm", "lm_head")
 
 
-def allocate_params(cfg: ModelConfig, dtype: np.dtype) -> Params:
-    """Uninitialised params of the right shapes: backbone in ``dtype``, gate in fp32."""
-    H, V = cfg.hidden_size, cfg.vocab_size
-    sizes = {"prelude": cfg.num_prelude_layers, "core": cfg.num_core_layers, "coda": cfg.num_coda_layers}
+def new_leaf(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """The host array of one leaf (every leaf :func:`params_leaves` yields is made here)."""
+    return np.empty(shape, dtype)
+
+
+def _group_sizes(cfg: ModelConfig) -> dict[str, int]:
+    return {"prelude": cfg.num_prelude_layers, "core": cfg.num_core_layers,
+            "coda": cfg.num_coda_layers}
+
+
+def params_leaves(sources: CheckpointSources, *, per_layer: bool = False
+                  ) -> Iterator[tuple[LeafPath, np.ndarray]]:
+    """``(path, host array)`` for every leaf, in pytree order, one freshly filled array at a time.
+
+    Paths: ``(key,)`` at the top level, ``("gate", key)``, ``(group, key)`` for a stacked group's
+    ``[L, ...]`` array, ``(group, str(layer), key)`` with ``per_layer``. The generator keeps no
+    reference to a leaf once it has handed it out.
+    """
+    cfg, dtype = sources.config, sources.target_dtype
     shapes = layer_shapes(cfg)
-    params: Params = {
-        "embed": np.empty((V, H), dtype),
-        "final_norm": np.empty((H,), dtype),
-        "lm_head": np.empty((H, V), dtype),
-        "gate": {k: np.empty(s, np.float32) for k, s in converted_gate_shapes(cfg).items()},
-    }
-    for group in LAYER_GROUPS:
-        params[group] = {k: np.empty((sizes[group], *s), dtype) for k, s in shapes.items()}
+
+    def read(key, shape) -> np.ndarray:
+        out = new_leaf(shape, dtype)
+        sources.tensors[key].read_into(out)
+        return out
+
+    for key in TOP_LEVEL:
+        yield (key,), read((key,), sources.tensors[(key,)].entry.shape)
+    for key, value in sources.gate.items():
+        gate = new_leaf(value.shape, np.float32)
+        np.copyto(gate, value)
+        yield ("gate", key), gate
+        del gate
+    for group, size in _group_sizes(cfg).items():
+        if per_layer:
+            for index in range(size):
+                for key, shape in shapes.items():
+                    yield (group, str(index), key), read((group, key, index), shape)
+            continue
+        for key, shape in shapes.items():
+            stack = new_leaf((size,) + shape, dtype)
+            for index in range(size):
+                sources.tensors[(group, key, index)].read_into(stack[index])
+            yield (group, key), stack
+            del stack
+
+
+def assemble_params(leaves: Iterable[tuple[LeafPath, Any]], *, per_layer: bool = False) -> Params:
+    """The params pytree from :func:`params_leaves`-style ``(path, value)`` pairs (values may be
+    numpy or device arrays); with ``per_layer`` each group becomes a tuple of per-layer dicts."""
+    params: Params = {}
+    for path, value in leaves:
+        node = params
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+    if per_layer:
+        for group in LAYER_GROUPS:
+            layers = params.pop(group, {})
+            params[group] = tuple(layers[str(i)] for i in range(len(layers)))
     return params
 
 
-def slot(params: Params, entry: Entry) -> np.ndarray:
-    """The destination array of one backbone tensor (a contiguous slice of a stack, or a leaf)."""
-    if entry.group is None:
-        return params[entry.key]
-    return params[entry.group][entry.key][entry.index]
-
-
-def is_converted_dir(path: str | pathlib.Path) -> bool:
-    return (pathlib.Path(path) / MANIFEST_FILE).is_file()
-
-
-def _load_hf(model_dir: pathlib.Path, dtype: str, model_config_yaml) -> tuple[ModelConfig, Params]:
-    plan = plan_hf_checkpoint(model_dir, dtype, model_config_yaml)
-    params = allocate_params(plan.config, plan.target_dtype)
-    for t in plan.tensors:
-        dst = slot(params, t.entry)
-        if t.entry.transform == "copy" and t.info.np_dtype == dst.dtype:
-            t.file.read_into(t.info.name, dst)
-        else:
-            fill_ours(dst, t.entry, t.file.read(t.info.name))
-    for key, value in gate_to_ours(plan.gate).items():
-        np.copyto(params["gate"][key], value)
-    return plan.config, params
-
-
-def read_manifest(model_dir: pathlib.Path) -> dict[str, Any]:
-    path = model_dir / MANIFEST_FILE
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{MANIFEST_FILE}: unreadable ({exc})", where=str(model_dir)) from None
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
-        raise CheckpointError(f"{MANIFEST_FILE}: format must be {MANIFEST_FORMAT!r}", where=str(model_dir))
-    return manifest
-
-
-def _load_converted(model_dir: pathlib.Path, dtype: str) -> tuple[ModelConfig, Params]:
-    read_manifest(model_dir)
-    cfg = load_model_config(model_dir)
-    where = str(model_dir)
-    if not (model_dir / PARAMS_FILE).is_file():
-        raise CheckpointError(f"{PARAMS_FILE}: missing", where=where)
-    f = SafetensorsFile(model_dir / PARAMS_FILE)
-    problems: list[str] = []
-    entries = backbone_entries(cfg)
-    gate_shapes = converted_gate_shapes(cfg)
-    expected = {e.name: e.shape for e in entries}
-    expected.update({f"gate.{k}": s for k, s in gate_shapes.items()})
-    missing = [n for n in expected if n not in f.tensors]
-    unexpected = sorted(set(f.tensors) - set(expected))
-    if missing:
-        problems.append(f"{PARAMS_FILE}: missing tensor(s) {missing[:8]}")
-    if unexpected:
-        problems.append(f"{PARAMS_FILE}: unexpected tensor(s) {unexpected[:8]}")
-    source: set[np.dtype] = set()
-    for name, shape in expected.items():
-        info = f.tensors.get(name)
-        if info is None:
-            continue
-        if info.shape != shape:
-            problems.append(f"{PARAMS_FILE}: {name}: shape {list(info.shape)} != expected {list(shape)}")
-        if name.startswith("gate."):
-            if info.dtype != "F32":
-                problems.append(f"{PARAMS_FILE}: {name}: gate must be F32, got {info.dtype}")
-        else:
-            source.add(info.np_dtype)
-    target = resolve_target_dtype(dtype, source, problems)
-    raise_if_problems(problems, where=where)
-    params = allocate_params(cfg, target)
-    for e in entries:
-        dst = slot(params, e)
-        if f.tensors[e.name].np_dtype == dst.dtype:
-            f.read_into(e.name, dst)
-        else:
-            np.copyto(dst, cast(f.read(e.name), dst.dtype))
-    for key in GATE_KEYS:
-        f.read_into(f"gate.{key}", params["gate"][key])
-    return cfg, params
-
-
 def load_params(model: str | pathlib.Path, dtype: str = "keep",
-                model_config_yaml: str | pathlib.Path | None = None) -> tuple[ModelConfig, Params]:
+                model_config_yaml: str | pathlib.Path | None = None, *,
+                per_layer: bool = False) -> tuple[ModelConfig, Params]:
     """``(config, params)`` from a converted directory, an HF checkpoint directory or a Hub id.
 
     ``dtype``: ``"keep"`` (the stored dtype), ``"fp32"`` or ``"bf16"``; the gate is always fp32.
     ``model_config_yaml`` replaces ``alodlm_config.json`` for HF checkpoints (the reference's
     ``--model-config``); a converted directory always carries its own recurrence config.
     """
-    path, converted = locate_checkpoint(model, dtype, model_config_yaml)
-    if converted:
-        return _load_converted(path, dtype)
-    return _load_hf(path, dtype, model_config_yaml)
+    sources = open_checkpoint(model, dtype, model_config_yaml)
+    return sources.config, assemble_params(params_leaves(sources, per_layer=per_layer),
+                                           per_layer=per_layer)
 
 
-def locate_checkpoint(model: str | pathlib.Path, dtype: str,
-                      model_config_yaml: str | pathlib.Path | None = None) -> tuple[pathlib.Path, bool]:
-    """Checks the load arguments and finds the directory: ``(path, is_converted_dir)``.
-
-    A directory is used as is; anything else goes through :func:`resolve_model` (a Hub id is
-    downloaded). Shared by every loader (numpy here, sharded JAX arrays in ``alodlm_jax.sharding``).
-    """
-    if dtype not in DTYPE_CHOICES:
-        raise CheckpointError(f"dtype must be one of {DTYPE_CHOICES}, got {dtype!r}")
-    path = pathlib.Path(model)
-    if not path.is_dir():
-        from alodlm_convert.resolve import resolve_model
-
-        path = resolve_model(str(model))
-    converted = is_converted_dir(path)
-    if converted and model_config_yaml is not None:
-        raise CheckpointError("a converted directory carries its own alodlm_config.json; "
-                              "--model_config applies to Hugging Face checkpoints only", where=str(path))
-    return path, converted
+__all__ = ["MANIFEST_FILE", "MANIFEST_FORMAT", "PARAMS_FILE", "Params", "assemble_params",
+           "is_converted_dir", "load_params", "locate_checkpoint", "new_leaf", "params_leaves",
+           "read_manifest"]

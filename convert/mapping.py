@@ -100,27 +100,30 @@ def to_ours(entry: Entry, array: np.ndarray) -> np.ndarray:
     return out
 
 
-def fill_ours(dst: np.ndarray, entry: Entry, src: np.ndarray) -> None:
-    """Writes the Hugging Face tensor ``src`` into ``dst`` (our shape, any supported dtype).
+def place_rows(dst: np.ndarray, transform: Transform, first_row: int, block: np.ndarray) -> None:
+    """Writes rows ``first_row ..`` of a stored tensor into ``dst`` (our layout, any supported dtype).
 
-    Uses the tiled transpose and bit-level casts of :mod:`alodlm_convert.transforms`; the cast
-    happens on the side of the transpose with the smaller element size.
+    ``block`` holds consecutive rows of the stored tensor (leading axis: rows; any dtype). For
+    ``copy`` the rows keep their place; the transposes store ``[R, C]`` as our ``[C, R]`` (then the
+    head split, a reshape), so source rows become columns. Casts are exact
+    (:mod:`alodlm_convert.transforms`) and happen on the side of the transpose with the smaller
+    element size; the transpose is tiled. A whole tensor is one block with ``first_row = 0``.
     """
-    if tuple(src.shape) != entry.hf_shape or tuple(dst.shape) != entry.shape:
-        raise ValueError(f"{entry.hf_name}: {list(src.shape)} -> {list(dst.shape)} does not match "
-                         f"{list(entry.hf_shape)} -> {list(entry.shape)}")
-    if entry.transform == "copy":
-        np.copyto(dst, cast(src, dst.dtype))
+    count = block.shape[0]
+    rows = block.reshape(count, -1)
+    if transform == "copy":
+        np.copyto(dst.reshape(-1, rows.shape[1])[first_row:first_row + count], cast(rows, dst.dtype))
         return
-    flat = dst.reshape(entry.hf_shape[1], entry.hf_shape[0])
+    flat = dst.reshape(rows.shape[1], -1)  # our [C, R]: a view of the contiguous destination
     if not np.shares_memory(flat, dst):  # pragma: no cover - dst is always contiguous here
         raise ValueError("destination must be contiguous")
-    if src.dtype == dst.dtype:
-        transpose_into(flat, src)
-    elif src.dtype.itemsize > dst.dtype.itemsize:
-        transpose_into(flat, cast(src, dst.dtype))
+    part = flat[:, first_row:first_row + count]
+    if rows.dtype == dst.dtype:
+        transpose_into(part, rows)
+    elif rows.dtype.itemsize > dst.dtype.itemsize:
+        transpose_into(part, cast(rows, dst.dtype))
     else:
-        np.copyto(flat, cast(transposed(src), dst.dtype))
+        np.copyto(part, cast(transposed(rows), dst.dtype))
 
 
 def gate_to_ours(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

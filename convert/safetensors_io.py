@@ -210,6 +210,18 @@ class SafetensorsFile:
                 done += n
 
 
+def read_exact(f, view: memoryview, path: pathlib.Path, what: str) -> None:
+    """Fills ``view`` from the unbuffered file ``f`` at its position (CheckpointError naming the
+    file and ``what`` when the file ends first: a truncated download)."""
+    done = 0
+    while done < len(view):
+        n = f.readinto(view[done:])
+        if not n:
+            raise CheckpointError(f"{what}: file ended after {done} of {len(view)} bytes (truncated)",
+                                  where=str(path))
+        done += n
+
+
 @dataclasses.dataclass(frozen=True)
 class TensorSpec:
     """What the writer must know about a tensor before any data is written."""

@@ -31,9 +31,8 @@ from typing import Callable
 import numpy as np
 
 from alodlm_convert.checkpoint import CheckpointPlan, PlannedTensor
-from alodlm_convert.errors import CheckpointError
 from alodlm_convert.mapping import GATE_KEYS, converted_gate_shapes, gate_to_ours
-from alodlm_convert.safetensors_io import TensorSpec, build_header
+from alodlm_convert.safetensors_io import TensorSpec, build_header, read_exact
 from alodlm_convert.transforms import cast, transpose_into, transposed
 
 DEFAULT_BLOCK_BYTES = 32 * 1024 * 1024
@@ -132,16 +131,6 @@ def _as_bytes(a: np.ndarray) -> memoryview:
     return memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
 
 
-def _read_exact(f, view: memoryview, path: pathlib.Path, what: str) -> None:
-    done = 0
-    while done < len(view):
-        n = f.readinto(view[done:])
-        if not n:
-            raise CheckpointError(f"{what}: file ended after {done} of {len(view)} bytes (truncated)",
-                                  where=str(path))
-        done += n
-
-
 class _ParamsStreamer:
     def __init__(self, fd: int, target: np.dtype, block_bytes: int, max_row_bytes: int, min_src_item: int):
         self.fd = fd
@@ -185,7 +174,7 @@ class _ParamsStreamer:
             rb = min(rows_per_block, rows - r0)
             raw = self.raw_pool.get()
             raw_view = memoryview(raw)[: rb * row_bytes]
-            _read_exact(f, raw_view, t.file.path, f"tensor {t.info.name!r}")
+            read_exact(f, raw_view, t.file.path, f"tensor {t.info.name!r}")
             self.hash(digest, raw_view, release=lambda raw=raw: self.raw_pool.put(raw))
             block = raw[: rb * row_bytes].view(src_dtype).reshape(rb, cols)
             out = self.out_pool.get()
@@ -255,7 +244,7 @@ def write_params(plan: CheckpointPlan, path: pathlib.Path, metadata: dict[str, s
             complete = True
             with open(weight_path, "rb", buffering=0) as f:
                 head = bytearray(in_file[0].file.data_start)
-                _read_exact(f, memoryview(head), weight_path, "header")
+                read_exact(f, memoryview(head), weight_path, "header")
                 streamer.hash(digest, memoryview(head))
                 covered = len(head)
                 for t in in_file:

@@ -54,12 +54,13 @@ def cast(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 
 def transpose_into(dst: np.ndarray, src: np.ndarray) -> None:
-    """``dst[...] = src.T`` for 2-D arrays of one dtype, copied tile by tile (cache friendly)."""
+    """``dst[...] = src.T`` for 2-D arrays of one dtype, copied tile by tile (cache friendly);
+    either may be a strided view (a block of columns of a larger destination, say)."""
     rows, cols = src.shape
     if dst.shape != (cols, rows) or dst.dtype != src.dtype:
         raise ValueError(f"transpose_into: {src.dtype}{src.shape} -> {dst.dtype}{dst.shape}")
     view = _UINT.get(src.dtype.itemsize)
-    if view is not None and src.flags.c_contiguous and dst.flags.c_contiguous:
+    if view is not None:  # a view with an equal element size is allowed for any strides
         src, dst = src.view(view), dst.view(view)
     for r in range(0, rows, _TILE_ROWS):
         for c in range(0, cols, _TILE_COLS):

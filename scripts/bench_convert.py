@@ -32,6 +32,7 @@ import ml_dtypes
 import numpy as np
 
 from alodlm_convert.safetensors_io import SafetensorsWriter, TensorSpec
+from alodlm_convert.transforms import cast
 
 V, H, I, NQ, NKV, DH = 151936, 2048, 6144, 16, 8, 128
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -83,20 +84,24 @@ def write_gate(path: pathlib.Path, depth: int = 4) -> None:
             z.writestr(f"exit_gate/data/{key}", v.tobytes())
 
 
-def write_checkpoint(out: pathlib.Path, size_gb: float, seed: int = 0) -> int:
-    """Writes the synthetic checkpoint; returns the total bytes of its safetensors files."""
+def write_checkpoint(out: pathlib.Path, size_gb: float, seed: int = 0, *, dtype: np.dtype = BF16,
+                     vocab: int = V) -> int:
+    """Writes the synthetic checkpoint (``dtype``: BF16 or float32 tensors; ``vocab`` rows of the
+    embedding and the head); returns the total bytes of its safetensors files."""
     out.mkdir(parents=True)
-    fixed = 2 * V * H * 2 + H * 2
-    per_layer = sum(math.prod(s) for _, s in _layer_tensors(0)) * 2
+    dtype = np.dtype(dtype)
+    item = dtype.itemsize
+    fixed = (2 * vocab * H + H) * item
+    per_layer = sum(math.prod(s) for _, s in _layer_tensors(0)) * item
     layers = max(2, math.ceil((size_gb * 1e9 - fixed) / per_layer))
-    names = [("model.embed_tokens.weight", (V, H))]
+    names = [("model.embed_tokens.weight", (vocab, H))]
     for i in range(layers):
         names += _layer_tensors(i)
-    names += [("model.norm.weight", (H,)), ("lm_head.weight", (V, H))]
+    names += [("model.norm.weight", (H,)), ("lm_head.weight", (vocab, H))]
     shards: list[list[tuple[str, tuple[int, ...]]]] = [[]]
     size = 0
     for name, shape in names:
-        nbytes = math.prod(shape) * 2
+        nbytes = math.prod(shape) * item
         if shards[-1] and size + nbytes > SHARD_BYTES:
             shards.append([])
             size = 0
@@ -107,24 +112,25 @@ def write_checkpoint(out: pathlib.Path, size_gb: float, seed: int = 0) -> int:
     total = 0
     for k, shard in enumerate(shards):
         fname = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
-        specs = [TensorSpec(n, BF16, s) for n, s in shard]
+        specs = [TensorSpec(n, dtype, s) for n, s in shard]
         with SafetensorsWriter(out / fname, specs, {"format": "pt"}) as writer:
             for name, shape in shard:
-                writer.write(name, _random_bf16(rng, shape))
+                writer.write(name, cast(_random_bf16(rng, shape), dtype))
                 weight_map[name] = fname
         total += (out / fname).stat().st_size
     (out / "model.safetensors.index.json").write_text(json.dumps(
         {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
-    config = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": V, "hidden_size": H,
+    config = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": vocab, "hidden_size": H,
               "intermediate_size": I, "num_hidden_layers": layers, "num_attention_heads": NQ,
               "num_key_value_heads": NKV, "head_dim": DH, "max_position_embeddings": 40960,
               "rms_norm_eps": 1e-6, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
               "tie_word_embeddings": False, "attention_bias": False, "hidden_act": "silu",
-              "use_sliding_window": False, "dtype": "bfloat16"}
+              "use_sliding_window": False, "dtype": "bfloat16" if dtype == BF16 else "float32"}
     (out / "config.json").write_text(json.dumps(config, indent=2))
     quarter = layers // 4
     (out / "alodlm_config.json").write_text(json.dumps(
-        {"loop_start": quarter, "loop_end": layers - quarter, "max_depth": 4, "mask_token_id": 151665}))
+        {"loop_start": quarter, "loop_end": layers - quarter, "max_depth": 4,
+         "mask_token_id": min(151665, vocab - 1)}))
     write_gate(out / "exit_gate.pt")
     return total
 
@@ -140,12 +146,14 @@ print(json.dumps({"seconds": seconds, "vm_hwm_kib": int(hwm[0].split()[1]) if hw
 """
 
 
-def _run_child(argv: list[str]) -> tuple[int, str, str, int, float]:
+def _run_child(argv: list[str], env: dict[str, str] | None = None,
+               cwd: str | None = None) -> tuple[int, str, str, int, float]:
     """Runs a child; returns (status, stdout, stderr, its peak RSS in bytes, its CPU seconds).
 
     ``os.wait4`` gives this child's rusage alone (RUSAGE_CHILDREN would mix in other children).
     """
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=cwd)
     out, err = proc.stdout.read(), proc.stderr.read()
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)

@@ -6,9 +6,17 @@ about it), so those tests run first, before any test starts a JAX backend. Produ
 does this: the evaluator scores code in fresh interpreters (``alodlm_scoring.isolation``). A test
 in those folders that starts a JAX backend (generate mode) is marked ``jax_backend`` and runs with
 the others, later.
+
+The commands keep JAX's persistent compilation cache in the user's cache directory by default
+(``$XDG_CACHE_HOME/alodlm-jax/xla``); the suite points ``XDG_CACHE_HOME`` at a temporary directory
+(inherited by every child process it starts) so that no test writes into the real one.
 """
 
 from __future__ import annotations
+
+import os
+import shutil
+import tempfile
 
 _RUN_FIRST = ("tests/scoring/", "tests/evaluation/", "tests/sandbox/")
 
@@ -21,3 +29,17 @@ def pytest_collection_modifyitems(session, config, items):
         return 0 if path.startswith(_RUN_FIRST) else 1
 
     items.sort(key=rank)  # stable: file order is kept inside each group
+
+
+_CACHE_HOME: str | None = None
+
+
+def pytest_configure(config):
+    global _CACHE_HOME
+    _CACHE_HOME = tempfile.mkdtemp(prefix="alodlm-jax-test-cache-")
+    os.environ["XDG_CACHE_HOME"] = _CACHE_HOME
+
+
+def pytest_unconfigure(config):
+    if _CACHE_HOME is not None:
+        shutil.rmtree(_CACHE_HOME, ignore_errors=True)

@@ -17,8 +17,9 @@ from typing import Any, Mapping, Sequence, TextIO
 
 from absl import flags
 
-from alodlm_jax.cli.flags import (code_scoring_from_flags, decode_config_from_flags,
-                                  define_code_scoring_flags, define_decode_flags,
+from alodlm_jax.cli.flags import (apply_compilation_flags, code_scoring_from_flags,
+                                  decode_config_from_flags, define_code_scoring_flags,
+                                  define_compilation_flags, define_decode_flags,
                                   define_model_flags, run_command)
 from alodlm_jax.config import DEFAULT_ENGINE, ENGINE_NAMES, ENGINES, DecodeConfig
 
@@ -58,9 +59,7 @@ flags.DEFINE_boolean("overlap_scoring", False, "Generate mode: score code tasks 
 flags.DEFINE_boolean("resume", False, "Continue an interrupted run in --output: keep its "
                      "predictions.jsonl rows (checked against the tasks), drop a torn last line, "
                      "score the rest; the files equal an uninterrupted run's.", flag_values=FLAGS)
-flags.DEFINE_string("compilation_cache_dir", None, "Persistent JAX compilation cache directory "
-                    "(generate mode): every program is cached there, so a rerun with the same "
-                    "shapes skips compilation.", flag_values=FLAGS)
+define_compilation_flags(FLAGS)  # generate mode
 flags.DEFINE_integer("batch_size", 1, "Generate mode: N tasks decoded together by one compiled "
                      "program, a finished task's slot taking the next waiting task (continuous "
                      "batching; needs the compiled engine; not with --mesh or several "
@@ -180,7 +179,8 @@ def engine_for_run() -> str:
     return "portable" if MeshSpec.parse(FLAGS.mesh).num_devices > 1 else FLAGS.engine
 
 
-def build_generator(decode: DecodeConfig, device: str, engine: str | None = None):
+def build_generator(decode: DecodeConfig, device: str, engine: str | None = None,
+                    compilation_cache_dir: str | None = None):
     """The generate-mode generator from ``alodlm_jax.generate`` (imports JAX).
 
     Contract: ``.check_prompt(prompt_text)`` (ValueError when the decoder would refuse it),
@@ -203,7 +203,7 @@ def build_generator(decode: DecodeConfig, device: str, engine: str | None = None
         precision=FLAGS.precision,
         decode_config=decode,
         engine=engine or FLAGS.engine,
-        compilation_cache_dir=FLAGS.compilation_cache_dir,
+        compilation_cache_dir=compilation_cache_dir,
         batch_size=FLAGS.batch_size,
     )
 
@@ -227,6 +227,7 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
     from alodlm_jax.generate import default_device  # imports JAX: generate mode only
 
     device = FLAGS.device or default_device()
+    cache_dir = apply_compilation_flags(FLAGS)
     input_sha256 = sha256_file(FLAGS.input)
     manifest = suite_manifest(FLAGS.input)
     if FLAGS.mesh is not None or _process_info is not None:  # scaling out: local devices, mesh
@@ -235,9 +236,9 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
         generator = sharding.build_generator(
             model=FLAGS.model, mesh=FLAGS.mesh, model_config=FLAGS.model_config, device=device,
             precision=FLAGS.precision, decode_config=decode, engine=engine,
-            compilation_cache_dir=FLAGS.compilation_cache_dir)
+            compilation_cache_dir=cache_dir)
     else:
-        generator = build_generator(decode, device, engine)
+        generator = build_generator(decode, device, engine, cache_dir)
     from alodlm_jax.generate import check_task_prompts
 
     check_task_prompts(generator, tasks)  # D9: every prompt, before the first is decoded

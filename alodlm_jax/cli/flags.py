@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import pathlib
 import sys
 import textwrap
 from typing import Callable, Iterator, Sequence
@@ -26,7 +28,8 @@ from absl import flags
 
 __all__ = ["USER_ERRORS", "FlagError", "normalize_argv", "parse_flags", "run_command", "error_line",
            "define_decode_flags", "decode_config_from_flags", "naming_decode_flags",
-           "define_model_flags", "define_code_scoring_flags", "code_scoring_from_flags"]
+           "define_model_flags", "define_code_scoring_flags", "code_scoring_from_flags",
+           "define_compilation_flags", "apply_compilation_flags", "default_compilation_cache_dir"]
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -255,3 +258,48 @@ def code_scoring_from_flags(flag_values: flags.FlagValues) -> tuple[str, str]:
     if flag_values.code_verdicts == "strict" and flag_values.code_sandbox == "off":
         raise ValueError("--code_verdicts=strict needs the code sandbox (--code_sandbox=on)")
     return flag_values.code_sandbox, flag_values.code_verdicts
+
+
+def default_compilation_cache_dir() -> pathlib.Path:
+    """``$XDG_CACHE_HOME/alodlm-jax/xla``, or ``~/.cache/alodlm-jax/xla`` when ``XDG_CACHE_HOME``
+    is unset or not absolute (the XDG base directory rule)."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    root = pathlib.Path(base) if base and os.path.isabs(base) else pathlib.Path.home() / ".cache"
+    return root / "alodlm-jax" / "xla"
+
+
+def define_compilation_flags(flag_values: flags.FlagValues) -> None:
+    """``--compilation_cache``, ``--compilation_cache_dir`` and ``--max_compiled_programs``: where
+    compiled programs are kept, across runs (JAX's persistent compilation cache, on by default)
+    and inside the process (a bounded store). :func:`apply_compilation_flags` reads them."""
+    from alodlm_jax.config import DEFAULT_COMPILATION_CACHE_BYTES, DEFAULT_MAX_PROGRAMS
+
+    d = {"flag_values": flag_values}
+    flags.DEFINE_boolean("compilation_cache", True, "Keep compiled programs in JAX's persistent "
+                         "compilation cache, so a rerun with the same shapes reads them back instead "
+                         "of compiling (protocol.compile_seconds then drops). The cache is bounded "
+                         f"to {DEFAULT_COMPILATION_CACHE_BYTES / 1e9:g} GB (least recently used entries "
+                         "are deleted; JAX_COMPILATION_CACHE_MAX_SIZE, in bytes, overrides it). "
+                         "--nocompilation_cache turns it off.", **d)
+    flags.DEFINE_string("compilation_cache_dir", None, "Directory of the persistent compilation "
+                        "cache. Default: $XDG_CACHE_HOME/alodlm-jax/xla (~/.cache/alodlm-jax/xla "
+                        "when XDG_CACHE_HOME is unset).", **d)
+    flags.DEFINE_integer("max_compiled_programs", DEFAULT_MAX_PROGRAMS, "Compiled "
+                         "programs kept in memory by this process (every distinct prompt bucket, "
+                         "window, budget and mode compiles its own; the least recently used are "
+                         "dropped beyond this, and compiled again if needed). Each holds hundreds "
+                         "of memory maps, so an unbounded number would exhaust vm.max_map_count.",
+                         lower_bound=1, **d)
+
+
+def apply_compilation_flags(flag_values: flags.FlagValues) -> str | None:
+    """Bounds the process's compiled programs by ``--max_compiled_programs`` and returns the
+    persistent compilation cache directory the flags ask for (None with --nocompilation_cache).
+
+    Imports JAX: commands call it only when they will generate."""
+    from alodlm_jax.decode.programs import set_max_programs
+
+    set_max_programs(flag_values.max_compiled_programs)
+    if not flag_values.compilation_cache:
+        return None
+    return flag_values.compilation_cache_dir or str(default_compilation_cache_dir())

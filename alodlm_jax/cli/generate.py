@@ -14,7 +14,8 @@ from typing import Sequence
 
 from absl import flags
 
-from alodlm_jax.cli.flags import (FlagError, decode_config_from_flags, define_decode_flags,
+from alodlm_jax.cli.flags import (FlagError, apply_compilation_flags, decode_config_from_flags,
+                                  define_compilation_flags, define_decode_flags,
                                   define_model_flags, run_command)
 from alodlm_jax.config import DEFAULT_ENGINE, ENGINES
 
@@ -33,6 +34,7 @@ flags.DEFINE_enum("engine", DEFAULT_ENGINE, list(ENGINES), "Decoder engine: comp
                   "the whole generation is one XLA program per shape bucket) or portable (jitted "
                   "passes, Python host loop); their outputs are identical.", flag_values=FLAGS)
 define_decode_flags(FLAGS)
+define_compilation_flags(FLAGS)
 flags.DEFINE_boolean("stats", False, "Print compile seconds and token-layer counters to stderr.",
                      flag_values=FLAGS)
 
@@ -57,9 +59,10 @@ def _generate() -> int:
     from alodlm_jax.generate import Generator, default_device
 
     device = FLAGS.device or default_device()
+    cache_dir = apply_compilation_flags(FLAGS)
     generator = Generator.load(FLAGS.model, precision=FLAGS.precision, device=device,
                                engine=FLAGS.engine, decode_config=decode,
-                               model_config=FLAGS.model_config)
+                               model_config=FLAGS.model_config, compilation_cache_dir=cache_dir)
     if prompt_ids is None:
         prompt_ids = generator.chat_prompt_ids(FLAGS.prompt, thinking=FLAGS.thinking)
     try:

@@ -22,7 +22,8 @@ from typing import Sequence, TextIO
 
 from absl import flags
 
-from alodlm_jax.cli.flags import (code_scoring_from_flags, define_code_scoring_flags,
+from alodlm_jax.cli.flags import (apply_compilation_flags, code_scoring_from_flags,
+                                  define_code_scoring_flags, define_compilation_flags,
                                   define_model_flags, naming_decode_flags, run_command)
 from alodlm_jax.config import DEFAULT_ENGINE, ENGINES, DecodeConfig
 
@@ -53,8 +54,7 @@ flags.DEFINE_enum("engine", DEFAULT_ENGINE, list(ENGINES), "Decoder engine (reco
 define_code_scoring_flags(FLAGS)
 flags.DEFINE_integer("workers", os.cpu_count() or 1, "Fresh-interpreter workers scoring code "
                      "tasks (one pool for the whole sweep).", flag_values=FLAGS)
-flags.DEFINE_string("compilation_cache_dir", None, "Persistent JAX compilation cache directory.",
-                    flag_values=FLAGS)
+define_compilation_flags(FLAGS)
 flags.DEFINE_boolean("reports", True, "Write each point's report.html and figures (--noreports "
                      "to skip; the sweep's own report is always written).", flag_values=FLAGS)
 flags.DEFINE_boolean("dry_run", False, "List the grid points and their state (complete, "
@@ -117,7 +117,8 @@ def _sweep() -> int:
     device = FLAGS.device or (default_device() if pending else "cpu")
     generators = SharedModelGenerators(
         FLAGS.model, precision=FLAGS.precision, device=device, engine=FLAGS.engine,
-        model_config=FLAGS.model_config, compilation_cache_dir=FLAGS.compilation_cache_dir)
+        model_config=FLAGS.model_config,
+        compilation_cache_dir=apply_compilation_flags(FLAGS) if pending else None)
     input_sha256 = sha256_file(FLAGS.input)
     metadata = {"model": FLAGS.model, "input": os.path.abspath(FLAGS.input),
                 "input_sha256": input_sha256, "engine": FLAGS.engine,

@@ -217,7 +217,8 @@ def _empty_slots(engine, bucket: C.Bucket) -> Slots:
 
 
 def compile_batch(engine, bucket: C.Bucket):
-    """The batch and admit programs of ``bucket`` (compiled once per process)."""
+    """The batch and admit programs of ``bucket`` (compiled once per process while they stay in
+    the program store, :mod:`alodlm_jax.decode.programs`)."""
     params = C._spec(engine.params)
     cache = _batched_spec(bucket, jax.eval_shape(
         lambda: M.init_cache(engine.cfg, bucket.t_max, engine.dtype)))

@@ -60,6 +60,7 @@ from alodlm_jax.config import DecodeConfig
 from alodlm_jax.decode import state as S
 from alodlm_jax.decode import portable as P
 from alodlm_jax.decode.portable import _signature, _spec, prefill  # shared with the portable engine
+from alodlm_jax.decode.programs import PROGRAMS, enable_persistent_cache
 from alodlm_jax.decode.result import DecodeOutput, result_dict, work_counters
 
 STOP_ID_SLOTS = 8
@@ -199,18 +200,6 @@ _JIT = {
     "prefill": jax.jit(_prefill_program, static_argnames=("cfg",), donate_argnames=("cache",)),
 }
 
-# Executables shared by every engine in the process: (program, cfg, params signature, bucket, mode).
-_COMPILED: dict[tuple, Any] = {}
-
-
-def enable_persistent_cache(directory: str | None) -> None:
-    """Turns on JAX's persistent compilation cache in ``directory`` (every program is cached)."""
-    if not directory:
-        return
-    jax.config.update("jax_compilation_cache_dir", str(directory))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-
 
 # ---------------------------------------------------------------------------------------------
 # The engine
@@ -302,18 +291,17 @@ class CompiledEngine:
     # -- compilation -------------------------------------------------------------------------
 
     def get_executable(self, name: str, jitted, key: tuple, make_args: Callable):
-        full_key = (name, self.cfg, self._params_signature) + key
-        exe = _COMPILED.get(full_key)
-        if exe is None:
-            t0 = time.perf_counter()
-            args, kwargs = make_args()
-            exe = jitted.lower(*args, **kwargs).compile()
-            self.compile_seconds += time.perf_counter() - t0
-            _COMPILED[full_key] = exe
+        """The executable of program ``name`` for ``key`` from the process's bounded program store
+        (shared by every engine: program, cfg, params signature, bucket, mode), compiled now if
+        it is not there; compile seconds are added to :attr:`compile_seconds`."""
+        full_key = ("compiled", name, self.cfg, self._params_signature) + key
+        exe, seconds = PROGRAMS.get(full_key, jitted, make_args)
+        self.compile_seconds += seconds
         return exe
 
     def compile_for(self, bucket: Bucket):
-        """Compiles (once per process and bucket) the single-request program; returns it."""
+        """Compiles (once per process and bucket, while it stays in the program store) the
+        single-request program; returns it."""
         cfg, mode = self.cfg, self.decode.mode
         params = _spec(self.params)
         cache = jax.eval_shape(lambda: M.init_cache(self.cfg, bucket.t_max, self.dtype))

@@ -16,7 +16,8 @@ This is the portable decoder of MODEL_AND_DECODING.md §6 with fixed shapes (§1
 
 Compilation is ahead of time (``jit(...).lower(...).compile()``), keyed by the static shapes, and
 always done before a request's timer starts; its seconds are accumulated in
-:attr:`PortableEngine.compile_seconds`.
+:attr:`PortableEngine.compile_seconds`. The executables live in the process's bounded program
+store (:mod:`alodlm_jax.decode.programs`), shared with the other engines.
 
 The decision logic is entirely in :mod:`alodlm_jax.decode.state`; this module only wires the model
 functions of :mod:`alodlm_jax.model` to it.
@@ -36,6 +37,7 @@ import numpy as np
 from alodlm_jax import model as M
 from alodlm_jax.config import DecodeConfig
 from alodlm_jax.decode import state as S
+from alodlm_jax.decode.programs import PROGRAMS
 from alodlm_jax.decode.result import DecodeOutput, work_counters
 
 STOP_ID_SLOTS = 8
@@ -266,10 +268,9 @@ _JIT = {
 }
 
 
-# Executables shared by every engine in the process, keyed by function, model config, params
-# signature (shapes, dtypes, devices) and the static shapes. q and tau are runtime inputs, so engines
-# that differ only in them share everything.
-_COMPILED: dict[tuple, Any] = {}
+# Executables are shared by every engine in the process (alodlm_jax.decode.programs, a bounded
+# store), keyed by function, model config, params signature (shapes, dtypes, devices) and the
+# static shapes. q and tau are runtime inputs, so engines that differ only in them share everything.
 
 
 def _signature(tree) -> tuple:
@@ -350,14 +351,9 @@ class PortableEngine:
         return init()
 
     def _get(self, name: str, key: tuple, make_args) -> Any:
-        full_key = (name, self.cfg, self._params_signature) + key
-        exe = _COMPILED.get(full_key)
-        if exe is None:
-            t0 = time.perf_counter()
-            args, kwargs = make_args()
-            exe = _JIT[name].lower(*args, **kwargs).compile()
-            self.compile_seconds += time.perf_counter() - t0
-            _COMPILED[full_key] = exe
+        full_key = ("portable", name, self.cfg, self._params_signature) + key
+        exe, seconds = PROGRAMS.get(full_key, _JIT[name], make_args)
+        self.compile_seconds += seconds
         return exe
 
     def compile_for(self, shapes: Shapes) -> dict[str, Any]:
