@@ -406,7 +406,7 @@ def _evaluate_into(tasks, state, existing, rows_source, make_protocol, workers, 
                     tasks, start, rows_source(start), score, active_pool, writer, state,
                     aggregated, failures, progress, frozenset(pool_metrics), overlap,
                 )
-            code_verdicts, sandbox = active_pool.rules, active_pool.code_sandbox
+            code_scoring = _code_scoring(active_pool, tasks)
         except BaseException:
             if owned_pool:
                 active_pool.close(kill=True)
@@ -414,15 +414,23 @@ def _evaluate_into(tasks, state, existing, rows_source, make_protocol, workers, 
         if owned_pool:
             active_pool.close()
     elif pool is not None:
-        code_verdicts, sandbox = pool.rules, pool.code_sandbox
-    else:  # nothing left to score (a finished run resumed): describe the sandbox all the same
+        code_scoring = _code_scoring(pool, tasks)
+    else:  # nothing left to score (a finished run resumed): the same record all the same
         with ScoringPool(1, sandbox=code_sandbox, rules=code_verdicts) as described:
-            sandbox = described.code_sandbox
+            code_scoring = _code_scoring(described, tasks)
     summary = outputs.aggregate(aggregated)
-    summary["protocol"] = outputs.with_code_scoring(make_protocol(failures),
-                                                    verdicts=code_verdicts, sandbox=sandbox)
+    summary["protocol"] = outputs.with_code_scoring(make_protocol(failures), **code_scoring)
     outputs.write_summary(state.summary_path, summary)
     return summary
+
+
+def _code_scoring(pool: ScoringPool, tasks: Sequence[Mapping[str, Any]]) -> dict:
+    """``protocol.code_verdicts`` and ``code_sandbox``, a function of the settings and the task
+    file (so a resumed run records the same): the mechanisms are found only for a suite with
+    code tasks (a worker is started to find them when none ran in this process)."""
+    if any(task["metric"] in CODE_METRICS for task in tasks):
+        return {"verdicts": pool.rules, "sandbox": pool.code_sandbox}
+    return {"verdicts": pool.rules, "sandbox": pool.unused_code_sandbox}
 
 
 def _score_and_write(tasks, start, results, score, pool, writer, state, aggregated, failures,

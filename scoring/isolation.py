@@ -400,6 +400,14 @@ class ScoringPool:
         return {"mode": self.sandbox_mode, "mechanisms": described.get("mechanisms"),
                 "missing": described.get("missing")}
 
+    @property
+    def unused_code_sandbox(self) -> dict:
+        """``protocol.code_sandbox`` of a suite without code tasks: the mode, no mechanisms
+        looked for (``null``)."""
+        if self.sandbox_mode == "off":
+            return self.code_sandbox
+        return {"mode": self.sandbox_mode, "mechanisms": None, "missing": None}
+
     def submit(self, record: Mapping[str, Any], generation: str) -> concurrent.futures.Future:
         """Queue one task; the future yields an :class:`Outcome` or raises ``WorkerError``."""
         if self._closed:

@@ -316,8 +316,8 @@ def with_code_scoring(block: Mapping[str, Any], *, verdicts: str,
                       sandbox: Mapping[str, Any]) -> dict[str, Any]:
     """``block`` with the code-scoring keys after ``scoring_failures`` (project keys, D10):
     ``code_verdicts`` (the rule set: ``reference`` or ``strict``) and ``code_sandbox``
-    (``mode``, the ``mechanisms`` in force and those ``missing``; ``null`` lists when no code
-    task was scored)."""
+    (``mode``, the ``mechanisms`` in force and those ``missing``; ``null`` lists for a suite
+    without code tasks)."""
     result: dict[str, Any] = {}
     for key, value in block.items():
         if key in ("code_verdicts", "code_sandbox"):
