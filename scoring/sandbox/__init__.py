@@ -87,9 +87,9 @@ class Sandbox:
     def close(self) -> None:
         self._zygote.close()
         if self._own_scratch:
-            import shutil
+            from .process import remove_tree
 
-            shutil.rmtree(self.scratch, ignore_errors=True)
+            remove_tree(self.scratch)
 
     def __enter__(self) -> "Sandbox":
         return self.start()

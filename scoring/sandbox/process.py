@@ -290,7 +290,7 @@ class Host:
     def _fresh_directories(self) -> list[str]:
         """Fresh tmpfs's for this run (the previous run's contents are gone with them)."""
         if not self._fresh:  # no mount namespace: a new directory on the machine's disk
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            remove_tree(self.workdir)
             os.makedirs(self.workdir)
             return []
         limits = self.policy.limits
@@ -414,6 +414,23 @@ class Host:
                     pass
             except ChildProcessError:
                 return
+
+
+def remove_tree(path: str) -> None:
+    """Remove a run's directory even where the program took its own permissions away."""
+    def unlock(function, name, _):
+        for item in (os.path.dirname(name), name):
+            try:
+                os.chmod(item, 0o700)
+            except OSError:
+                pass
+        try:
+            function(name)
+        except OSError:
+            pass
+
+    if os.path.lexists(path):
+        shutil.rmtree(path, onerror=unlock)
 
 
 def _read_all(fd: int) -> list[dict]:
