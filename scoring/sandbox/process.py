@@ -227,6 +227,7 @@ class Host:
         self.scratch = scratch
         self.workdir = os.path.join(scratch, "run")
         self._fresh = False  # whether the working directory, /tmp, /dev/shm are tmpfs's of ours
+        self._below_tmp: list[tuple[str, str]] = []  # (kept-aside copy, allowed path below /tmp)
 
     # -- once ----------------------------------------------------------------------------------
 
@@ -252,17 +253,13 @@ class Host:
             if path == "/proc" or not os.path.lexists(path) or any(
                     path == done or path.startswith(done.rstrip("/") + "/") for done in bound):
                 continue
-            target = root + path
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            if os.path.islink(path):
-                if not os.path.lexists(target):
-                    os.symlink(os.readlink(path), target)
-                continue
-            if os.path.isdir(path):
-                os.makedirs(target, exist_ok=True)
+            if path == "/tmp" or path.startswith("/tmp/"):
+                # Below the run's fresh /tmp: kept aside here, bound again into each new /tmp.
+                aside = f"{_ASIDE}/{len(self._below_tmp)}"
+                self._below_tmp.append((aside, path))
+                _replicate(path, root + aside)
             else:
-                open(target, "a").close()
-            linux.bind_mount(path, target)
+                _replicate(path, root + path)
             bound.append(path)
         for path in ("/proc", "/tmp", "/dev/shm", self.workdir):
             os.makedirs(root + path, exist_ok=True)
@@ -303,6 +300,9 @@ class Host:
             linux.unmount_if_mounted(path)
             os.makedirs(path, exist_ok=True)
             linux.mount_tmpfs(path, size, mode)
+            if path == "/tmp":  # allowed paths below it (a virtual environment in /tmp, say)
+                for aside, target in self._below_tmp:
+                    _replicate(aside, target)
             names.append(name)
         return names
 
@@ -414,6 +414,23 @@ class Host:
                     pass
             except ChildProcessError:
                 return
+
+
+_ASIDE = "/.alodlm-below-tmp"
+
+
+def _replicate(source: str, target: str) -> None:
+    """``source`` also at ``target``: the same symbolic link, or a read-only bind mount."""
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    if os.path.islink(source):
+        if not os.path.lexists(target):
+            os.symlink(os.readlink(source), target)
+        return
+    if os.path.isdir(source):
+        os.makedirs(target, exist_ok=True)
+    else:
+        open(target, "a").close()
+    linux.bind_mount(source, target)
 
 
 def remove_tree(path: str) -> None:
