@@ -6,7 +6,7 @@
 * HumanEval: one suite, the official base inputs. HumanEval+ and MBPP+: the base suite and the
   extended (``plus_input``) suite. The expected outputs and ``reference_seconds`` are measured
   later by running ``prompt + canonical_solution`` (exactly what evalplus's own ground truth runs)
-  in fresh interpreters (:mod:`alodlm_scoring.groundtruth`); here each suite becomes a job.
+  in the scorer's code sandbox (:mod:`alodlm_scoring.groundtruth`); here each suite becomes a job.
 * MBPP+ inputs are decoded with evalplus's ``mbpp_deserialize_inputs`` (as evalplus's
   ``get_mbpp_plus`` does), and the tasks in evalplus's ``MBPP_OUTPUT_NOT_NONE_TASKS`` record
   ``out is not None`` as their expected output, evalplus's convention for those special oracles.

@@ -4,7 +4,7 @@ Reads each benchmark's source (by default its usual Hugging Face dataset, or the
 file for HumanEval, HumanEval+ and MBPP+), renders every row's prompt from a template (ours, not
 the paper's; --template replaces it), wraps it in the checkpoint's chat template with --model,
 measures EvalPlus expected outputs and reference timings by running the canonical solutions in
-fresh interpreters, checks every row with the evaluate command's own loader and writes the suite
+the scorer's code sandbox, checks every row with the evaluate command's own loader and writes the suite
 atomically with a manifest (<output>.manifest.json) that evaluate copies into summary.json.
 
 Example: alodlm-jax-prepare --benchmark ARC-C,GSM8K,HumanEval+ --model amazon/ALoDLM-1.7B
