@@ -27,7 +27,7 @@ from typing import Any, Sequence
 from . import plaindata, strict
 
 __all__ = ["SandboxFailure", "TESTS_HARNESS", "python_tests", "evalplus_status",
-           "evalplus_outputs", "groundtruth", "SANDBOX_FAILURE_REASON"]
+           "evalplus_outputs", "groundtruth", "groundtruth_values", "SANDBOX_FAILURE_REASON"]
 
 SANDBOX_FAILURE_REASON = "code_sandbox_failure"
 # evalplus joins its checker for min(EVALPLUS_TIMEOUT_PER_TASK=60, sum of limits) + 3 s at most;
@@ -179,10 +179,16 @@ def groundtruth(sandbox, *, program: str, entry_point: str, inputs: list, output
     if result.status == "timeout":
         raise RuntimeError(f"the canonical solution ran longer than {timeout:g} s")
     try:
-        record = json.loads(result.output)
+        reply = json.loads(result.output)
     except ValueError:
         raise RuntimeError(f"the canonical solution's run ended with {result.status} "
                            f"{result.code if result.code is not None else result.signal}") from None
-    if "error" in record:
-        raise RuntimeError(f"the canonical solution failed: {record['error']}")
-    return [plaindata.decode(value) for value in record["outputs"]], [float(s) for s in record["seconds"]]
+    return groundtruth_values(reply)
+
+
+def groundtruth_values(reply: dict) -> tuple[list[Any], list[float]]:
+    """The outputs and seconds of a ground-truth reply (``jobs.groundtruth_reply``)."""
+    if "error" in reply:
+        raise RuntimeError(f"the canonical solution failed: {reply['error']}")
+    return ([plaindata.decode(value) for value in reply["outputs"]],
+            [float(seconds) for seconds in reply["seconds"]])

@@ -170,29 +170,31 @@ def _groundtruth(job: dict, sandbox) -> dict:
 
 
 def _groundtruth_unsandboxed(arguments: dict, timeout: float) -> tuple[list, list[float]]:
+    """The sandbox's ground-truth job, run in a fresh child interpreter instead."""
     import subprocess
 
-    from . import plaindata
+    from . import plaindata, sandboxed
 
-    code = ("import json, sys\n"
+    code = ("import json, os, sys\n"
             "from alodlm_scoring import plaindata\n"
-            "from evalplus.gen.util import trusted_exec\n"
+            "from alodlm_scoring.sandbox.jobs import groundtruth_reply\n"
+            "reply = os.fdopen(os.dup(1), 'w')\n"
+            "os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # what the solution prints\n"
             "job = json.loads(sys.stdin.read())\n"
-            "outputs, seconds = trusted_exec(job['program'], plaindata.decode(job['inputs']),\n"
-            "    job['entry_point'], record_time=True, output_not_none=job['output_not_none'])\n"
-            "print(json.dumps({'outputs': [plaindata.encode(o) for o in outputs],\n"
-            "                  'seconds': seconds}))\n")
+            "job['inputs'] = plaindata.decode(job['inputs'])\n"
+            "reply.write(json.dumps(groundtruth_reply(job)))\n")
     job = dict(arguments, inputs=plaindata.encode(arguments["inputs"]))
     try:
         completed = subprocess.run([sys.executable, "-c", code], input=json.dumps(job),
                                    capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"the canonical solution ran longer than {timeout:g} s") from None
-    if completed.returncode != 0:
+    try:
+        reply = json.loads(completed.stdout)
+    except ValueError:
         last = (completed.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"the canonical solution failed: {last}")
-    result = json.loads(completed.stdout)
-    return [plaindata.decode(value) for value in result["outputs"]], result["seconds"]
+        raise RuntimeError(f"the canonical solution's run failed: {last}") from None
+    return sandboxed.groundtruth_values(reply)
 
 
 def _start_sandbox(mode: str, rules: str) -> tuple[object | None, dict]:

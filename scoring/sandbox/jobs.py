@@ -106,8 +106,8 @@ def evalplus_outputs(payload: dict, context: JobContext) -> None:
         shutil.rmtree, os.rmdir, os.chdir = rmtree, rmdir, chdir
 
 
-def groundtruth(payload: dict, context: JobContext) -> None:
-    """evalplus's ``trusted_exec`` with timing; writes ``{"outputs": [...], "seconds": [...]}``
+def groundtruth_reply(payload: dict) -> dict:
+    """evalplus's ``trusted_exec`` with timing: ``{"outputs": [...], "seconds": [...]}``
     (outputs as plain data) or ``{"error": "<exception>"}``."""
     try:
         outputs, seconds = trusted_exec(payload["program"], payload["inputs"],
@@ -115,9 +115,13 @@ def groundtruth(payload: dict, context: JobContext) -> None:
                                         output_not_none=payload["output_not_none"])
         encoded = [plaindata.encode(output) for output in outputs]
     except BaseException as error:  # noqa: BLE001 - reported to the caller by name
-        _line(context.result_fd, json.dumps({"error": f"{type(error).__name__}: {error}"}))
-        return
-    _line(context.result_fd, json.dumps({"outputs": encoded, "seconds": seconds}))
+        return {"error": f"{type(error).__name__}: {error}"}
+    return {"outputs": encoded, "seconds": seconds}
+
+
+def groundtruth(payload: dict, context: JobContext) -> None:
+    """:func:`groundtruth_reply` on the result pipe."""
+    _line(context.result_fd, json.dumps(groundtruth_reply(payload)))
 
 
 JOBS = {
