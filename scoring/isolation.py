@@ -7,7 +7,7 @@ own session, so a worker and everything it started can be killed as one process 
 
 With ``sandbox="on"`` (the default) each worker runs every program in the code sandbox
 (:mod:`alodlm_scoring.sandbox`) and starts with a short environment allowlist
-(:func:`alodlm_scoring.sandbox.mechanisms.worker_environment`): tokens and keys of the evaluator's
+(:func:`alodlm_scoring.sandbox.mechanisms.worker_allowlist`): tokens and keys of the evaluator's
 environment never reach a worker or a program. ``rules`` selects the verdict rules
 (``reference`` or ``strict``, :mod:`alodlm_scoring.strict`). :attr:`ScoringPool.code_sandbox`
 describes the mechanisms in force (``protocol.code_sandbox``); missing ones are named in one
@@ -28,7 +28,8 @@ outside a request. Failure handling, per SCORING.md:
 * a worker that dies while scoring is handled the same way with reason
   ``"code_scoring_worker_died"``; a reply that is not the worker's (garbage, a wrong nonce, a
   second reply, data between requests) with reason ``"code_scoring_protocol_error"``; a program
-  the sandbox could not run with ``"code_sandbox_failure"`` (the worker stays);
+  the sandbox could not run with ``"code_sandbox_failure"`` (a fresh worker gets a fresh
+  sandbox);
 * an exception inside the worker (a failed grader self-check, a validation error of a task that
   reached scoring unvalidated) is fatal: ``RuntimeError`` "Isolated code scoring failed: " + the
   worker's traceback;
@@ -58,7 +59,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Sequence, TextIO
 
-from .sandboxed import SANDBOX_FAILURE_REASON
+from .sandboxed import RULE_SETS, SANDBOX_FAILURE_REASON, SANDBOX_MODES
 from .tasks import CODE_METRICS
 
 __all__ = [
@@ -78,8 +79,6 @@ __all__ = [
 TIMEOUT_REASON = "code_scoring_timeout"
 DIED_REASON = "code_scoring_worker_died"
 PROTOCOL_REASON = "code_scoring_protocol_error"
-SANDBOX_MODES = ("on", "off")
-RULE_SETS = ("reference", "strict")
 # A reply line longer than this is not a verdict (extracted strings are bounded by the text).
 _MAX_REPLY_BYTES = 64 * 1024**2
 NON_CODE_TIMEOUT_REASON = "scoring_timeout"
@@ -410,11 +409,7 @@ class ScoringPool:
 
     def submit(self, record: Mapping[str, Any], generation: str) -> concurrent.futures.Future:
         """Queue one task; the future yields an :class:`Outcome` or raises ``WorkerError``."""
-        if self._closed:
-            raise RuntimeError("the scoring pool is closed")
-        if self._executor is None:
-            self._start()
-        return self._executor.submit(self._score, record, generation)
+        return self._running_executor().submit(self._score, record, generation)
 
     def score(self, record: Mapping[str, Any], generation: str) -> Outcome:
         """Score one task and wait for it."""
@@ -424,16 +419,12 @@ class ScoringPool:
                            output_not_none: bool, timeout: float) -> concurrent.futures.Future:
         """Run a trusted canonical solution (evalplus's ``trusted_exec``) in a worker's sandbox;
         the future yields ``(outputs, seconds)`` or raises ``RuntimeError`` naming ``name``."""
-        if self._closed:
-            raise RuntimeError("the scoring pool is closed")
-        if self._executor is None:
-            self._start()
         from . import plaindata
 
         job = {"program": program, "entry_point": entry_point,
                "inputs": plaindata.encode(inputs), "output_not_none": output_not_none,
                "timeout": timeout}
-        return self._executor.submit(self._groundtruth, name, job)
+        return self._running_executor().submit(self._groundtruth, name, job)
 
     def close(self, *, kill: bool = False) -> None:
         """Stop every worker and remove the scratch directory.
@@ -465,6 +456,13 @@ class ScoringPool:
         self.close(kill=exc_type is not None)
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _running_executor(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._closed:
+            raise RuntimeError("the scoring pool is closed")
+        if self._executor is None:
+            self._start()
+        return self._executor
 
     def _start(self) -> None:
         if self._scratch is None:
@@ -553,7 +551,7 @@ class ScoringPool:
                 self._idle.put(replacement)
 
     def _groundtruth(self, name: str, job: dict) -> tuple[list, list[float]]:
-        from . import plaindata
+        from . import plaindata, sandboxed
 
         worker = self._idle.get()
         replacement = worker
@@ -568,13 +566,12 @@ class ScoringPool:
             self._describe(worker)
             if "error" in reply:
                 raise RuntimeError(f"{name}: {reply.get('message')}")
-            result = reply.get("groundtruth") or {}
             try:
-                outputs = [plaindata.decode(value) for value in result["outputs"]]
-                seconds = [float(value) for value in result["seconds"]]
+                return sandboxed.groundtruth_values(reply.get("groundtruth") or {})
+            except RuntimeError as error:
+                raise RuntimeError(f"{name}: {error}") from None
             except (KeyError, TypeError, ValueError, plaindata.Unrepresentable):
                 raise RuntimeError(f"{name}: a malformed ground-truth reply") from None
-            return outputs, seconds
         finally:
             if replacement is not None:
                 self._idle.put(replacement)

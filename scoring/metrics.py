@@ -20,7 +20,7 @@ import tempfile
 import threading
 from typing import Any
 
-from . import extract, validation
+from . import extract, sandboxed, validation
 from .tasks import CODE_METRICS, SUPPORTED_METRICS
 from .validation import (DEFAULT_CODE_TIMEOUT_SECONDS, DEFAULT_MIN_TIME_LIMIT,  # noqa: F401
                          DEFAULT_OPTIONS, DEFAULT_TIME_LIMIT_FACTOR, EVALPLUS_DATASETS,
@@ -88,11 +88,8 @@ def score(record: dict, generation: str, *, rules: str = "reference",
     return _score_multiple_choice(metric, record, reference, generation)
 
 
-RULE_SETS = ("reference", "strict")
-
-
 def _check_rules(rules: str, sandbox: Any) -> None:
-    if rules not in RULE_SETS:
+    if rules not in sandboxed.RULE_SETS:
         raise ValueError(f"code verdict rules must be reference or strict, got {rules!r}")
     if rules == "strict" and sandbox is None:
         raise ValueError("strict code verdicts need the code sandbox")
@@ -304,9 +301,9 @@ def _suite_passes(sandbox: Any, rules: str, dataset: str, program: str, entry_po
     if rules == "strict":
         from . import sandboxed, strict
 
-        time_limits = [max(min_time_limit, time_limit_factor * t) for t in times]
-        outputs = sandboxed.evalplus_outputs(sandbox, program=program, entry_point=entry_point,
-                                             inputs=inputs, time_limits=time_limits)
+        outputs = sandboxed.evalplus_outputs(
+            sandbox, program=program, entry_point=entry_point, inputs=inputs,
+            time_limits=sandboxed.time_limits(times, min_time_limit, time_limit_factor))
         if outputs is None:
             return False
         if root_check:

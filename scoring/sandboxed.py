@@ -26,10 +26,13 @@ from typing import Any, Sequence
 
 from . import plaindata, strict
 
-__all__ = ["SandboxFailure", "TESTS_HARNESS", "python_tests", "evalplus_status",
-           "evalplus_outputs", "groundtruth", "groundtruth_values", "SANDBOX_FAILURE_REASON"]
+__all__ = ["SandboxFailure", "TESTS_HARNESS", "SANDBOX_MODES", "RULE_SETS", "python_tests",
+           "time_limits", "evalplus_status", "evalplus_outputs", "groundtruth",
+           "groundtruth_values", "SANDBOX_FAILURE_REASON"]
 
 SANDBOX_FAILURE_REASON = "code_sandbox_failure"
+SANDBOX_MODES = ("on", "off")  # --code_sandbox
+RULE_SETS = ("reference", "strict")  # --code_verdicts
 # evalplus joins its checker for min(EVALPLUS_TIMEOUT_PER_TASK=60, sum of limits) + 3 s at most;
 # the run's own deadline leaves room for that and for the sandbox's start.
 _EVALPLUS_CAP_SECONDS = 60.0
@@ -72,7 +75,7 @@ _alodlm_harness()
 
 
 class SandboxFailure(RuntimeError):
-    """The sandbox could not run a program (setup failed, the supervisor was lost)."""
+    """The sandbox could not run a program (a required mechanism failed, the host was lost)."""
 
 
 def _ended(result) -> None:
@@ -99,6 +102,12 @@ def python_tests(sandbox, program: str, tests: str, timeout: float, *, rules: st
     return result.status == "exited" and result.code == 0 and result.output == token
 
 
+def time_limits(reference_seconds: Sequence[float], min_time_limit: float,
+                time_limit_factor: float) -> list[float]:
+    """evalplus's per-input time limits: ``max(min_time_limit, factor * reference time)``."""
+    return [max(min_time_limit, time_limit_factor * t) for t in reference_seconds]
+
+
 def _limits_seconds(time_limits: Sequence[float]) -> float:
     return min(_EVALPLUS_CAP_SECONDS, sum(time_limits))
 
@@ -107,13 +116,13 @@ def evalplus_status(sandbox, *, dataset: str, program: str, inputs: list, entry_
                     expected: list, atol: float, reference_seconds: list,
                     min_time_limit: float, time_limit_factor: float) -> str:
     """evalplus ``untrusted_check``'s status (``pass``, ``fail``, ``timeout``), in the sandbox."""
-    time_limits = [max(min_time_limit, time_limit_factor * t) for t in reference_seconds]
+    limits = time_limits(reference_seconds, min_time_limit, time_limit_factor)
     payload = {"dataset": dataset, "program": program, "inputs": inputs,
                "entry_point": entry_point, "expected": expected, "atol": atol,
                "reference_seconds": reference_seconds, "min_time_limit": min_time_limit,
                "time_limit_factor": time_limit_factor}
     result = sandbox.run_job("evalplus_check", payload,
-                             timeout=_limits_seconds(time_limits) + _EVALPLUS_SLACK_SECONDS)
+                             timeout=_limits_seconds(limits) + _EVALPLUS_SLACK_SECONDS)
     _ended(result)
     for line in result.output.splitlines():
         try:
@@ -168,10 +177,10 @@ def evalplus_outputs(sandbox, *, program: str, entry_point: str, inputs: list,
 
 
 def groundtruth(sandbox, *, program: str, entry_point: str, inputs: list, output_not_none: bool,
-                timeout: float) -> tuple[list[Any], list[float]]:
-    """evalplus's ``trusted_exec`` of a canonical solution in the sandbox: (outputs, seconds).
-
-    Raises ``RuntimeError`` naming the failure when the solution does not run."""
+                timeout: float) -> dict:
+    """evalplus's ``trusted_exec`` of a canonical solution in the sandbox: the job's reply
+    (``jobs.groundtruth_reply``: outputs as plain data, seconds, or an error), read by
+    :func:`groundtruth_values`. Raises ``RuntimeError`` when the run gave no reply."""
     payload = {"program": program, "entry_point": entry_point, "inputs": inputs,
                "output_not_none": output_not_none}
     result = sandbox.run_job("groundtruth", payload, timeout=timeout)
@@ -183,11 +192,13 @@ def groundtruth(sandbox, *, program: str, entry_point: str, inputs: list, output
     except ValueError:
         raise RuntimeError(f"the canonical solution's run ended with {result.status} "
                            f"{result.code if result.code is not None else result.signal}") from None
-    return groundtruth_values(reply)
+    return reply
 
 
 def groundtruth_values(reply: dict) -> tuple[list[Any], list[float]]:
-    """The outputs and seconds of a ground-truth reply (``jobs.groundtruth_reply``)."""
+    """The outputs and seconds of a ground-truth reply (``jobs.groundtruth_reply``); raises
+    ``RuntimeError`` for an error reply (and ``KeyError``, ``TypeError``, ``ValueError`` or
+    ``plaindata.Unrepresentable`` for a malformed one)."""
     if "error" in reply:
         raise RuntimeError(f"the canonical solution failed: {reply['error']}")
     return ([plaindata.decode(value) for value in reply["outputs"]],

@@ -100,8 +100,10 @@ def _reap_zombies() -> None:
 
 def parse_arguments(argv: list[str]) -> tuple[str, str]:
     """``--sandbox on|off`` and ``--rules reference|strict`` (``=`` or a separate value)."""
+    from .sandboxed import RULE_SETS, SANDBOX_MODES
+
     values = {"--sandbox": "on", "--rules": "reference"}
-    allowed = {"--sandbox": ("on", "off"), "--rules": ("reference", "strict")}
+    allowed = {"--sandbox": SANDBOX_MODES, "--rules": RULE_SETS}
     items = list(argv)
     while items:
         item = items.pop(0)
@@ -154,26 +156,22 @@ def _serve(line: bytes | str, rules: str, sandbox) -> tuple[dict, bool]:
 
 
 def _groundtruth(job: dict, sandbox) -> dict:
-    """A canonical solution's outputs (plain data) and timings, by evalplus's ``trusted_exec``:
-    in the sandbox, or, with the sandbox off, in a fresh child of this worker."""
+    """A canonical solution's outputs (plain data, passed on as they are) and timings, by
+    evalplus's ``trusted_exec``: in the sandbox, or, with the sandbox off, in a fresh child of
+    this worker; the pool reads the reply (``sandboxed.groundtruth_values``)."""
     from . import plaindata, sandboxed
 
-    inputs = plaindata.decode(job["inputs"])
-    arguments = {"program": job["program"], "entry_point": job["entry_point"], "inputs": inputs,
-                 "output_not_none": bool(job["output_not_none"])}
-    if sandbox is not None:
-        outputs, seconds = sandboxed.groundtruth(sandbox, timeout=float(job["timeout"]),
-                                                 **arguments)
-    else:
-        outputs, seconds = _groundtruth_unsandboxed(arguments, float(job["timeout"]))
-    return {"outputs": [plaindata.encode(output) for output in outputs], "seconds": seconds}
+    timeout = float(job["timeout"])
+    if sandbox is None:
+        return _groundtruth_unsandboxed(job, timeout)
+    return sandboxed.groundtruth(sandbox, program=job["program"], entry_point=job["entry_point"],
+                                 inputs=plaindata.decode(job["inputs"]),
+                                 output_not_none=bool(job["output_not_none"]), timeout=timeout)
 
 
-def _groundtruth_unsandboxed(arguments: dict, timeout: float) -> tuple[list, list[float]]:
+def _groundtruth_unsandboxed(job: dict, timeout: float) -> dict:
     """The sandbox's ground-truth job, run in a fresh child interpreter instead."""
     import subprocess
-
-    from . import plaindata, sandboxed
 
     code = ("import json, os, sys\n"
             "from alodlm_scoring import plaindata\n"
@@ -183,18 +181,16 @@ def _groundtruth_unsandboxed(arguments: dict, timeout: float) -> tuple[list, lis
             "job = json.loads(sys.stdin.read())\n"
             "job['inputs'] = plaindata.decode(job['inputs'])\n"
             "reply.write(json.dumps(groundtruth_reply(job)))\n")
-    job = dict(arguments, inputs=plaindata.encode(arguments["inputs"]))
     try:
         completed = subprocess.run([sys.executable, "-c", code], input=json.dumps(job),
                                    capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"the canonical solution ran longer than {timeout:g} s") from None
     try:
-        reply = json.loads(completed.stdout)
+        return json.loads(completed.stdout)
     except ValueError:
         last = (completed.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"the canonical solution's run failed: {last}") from None
-    return sandboxed.groundtruth_values(reply)
 
 
 def _start_sandbox(mode: str, rules: str) -> tuple[object | None, dict]:

@@ -21,7 +21,6 @@ mechanism groups: ``user-namespace``, ``mount-namespace``, ``pid-namespace``,
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 from typing import Any, Mapping, Sequence
 
@@ -79,10 +78,6 @@ class Sandbox:
     def run_job(self, job: str, payload: Any, *, timeout: float) -> Result:
         """Call ``jobs.JOBS[job](payload, ...)`` in a sandboxed fork of the zygote."""
         return self._zygote.run(Run(timeout=timeout, job=job, payload=payload))
-
-    def python(self) -> str:
-        """The interpreter commands should run (the worker's own)."""
-        return sys.executable
 
     def close(self) -> None:
         self._zygote.close()
