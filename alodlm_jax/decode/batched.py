@@ -62,6 +62,7 @@ from alodlm_jax import model as M
 from alodlm_jax.decode import compiled as C
 from alodlm_jax.decode import portable as P
 from alodlm_jax.decode import state as S
+from alodlm_jax.decode.layout import Program
 from alodlm_jax.decode.result import DecodeOutput
 
 BATCH_TIMING = ("continuous batching: each request's wall_seconds = its own admit (prefill) time "
@@ -198,40 +199,43 @@ def _fresh_slot(params, cfg, window_size, capacity, prompt_len, consts, finished
 
 
 _JIT = {
-    "batch": jax.jit(_run_program, static_argnames=("cfg", "window_size", "mode"),
-                     donate_argnames=("cache", "slots")),
-    "admit": jax.jit(_admit_program, static_argnames=("cfg", "window_size", "capacity"),
-                     donate_argnames=("cache", "slots")),
+    "batch": Program(_run_program, ("cfg", "window_size", "mode"), ("cache", "slots"),
+                     per_data_shard="batch"),
+    "admit": Program(_admit_program, ("cfg", "window_size", "capacity"), ("cache", "slots"),
+                     per_data_shard="admit"),
 }
 
 
-def _batched_spec(bucket: C.Bucket, one):
-    return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct((bucket.batch,) + x.shape, x.dtype), one)
-
-
-def _empty_slots(engine, bucket: C.Bucket) -> Slots:
-    """Every slot empty (finished): the batch's starting state."""
+def _new_slots(engine, bucket: C.Bucket) -> Slots:
     one = _fresh_slot(engine.params, engine.cfg, bucket.window_size, bucket.capacity, 0,
                       engine.consts(), finished=True)
     return jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (bucket.batch,) + x.shape).copy(), one)
 
 
+def _empty_slots(engine, bucket: C.Bucket) -> Slots:
+    """Every slot empty (finished): the batch's starting state, on the engine's layout (slots
+    split over ``data``)."""
+    slots = _new_slots(engine, bucket)
+    return engine.layout.place(slots, engine.layout.slots_shardings(slots))
+
+
 def compile_batch(engine, bucket: C.Bucket):
     """The batch and admit programs of ``bucket`` (compiled once per process while they stay in
-    the program store, :mod:`alodlm_jax.decode.programs`)."""
+    the program store, :mod:`alodlm_jax.decode.programs`), for the engine's layout."""
+    layout = engine.layout
     params = C._spec(engine.params)
-    cache = _batched_spec(bucket, jax.eval_shape(
-        lambda: M.init_cache(engine.cfg, bucket.t_max, engine.dtype)))
-    slots = jax.eval_shape(lambda: _empty_slots(engine, bucket))
-    consts = C._spec(engine.consts())
-    i32 = jax.ShapeDtypeStruct((), jnp.int32)
+    cache = engine.cache_spec(bucket, batched=True)
+    slots = jax.eval_shape(lambda: _new_slots(engine, bucket))
+    slots = layout.spec(slots, layout.slots_shardings(slots))
+    consts = layout.spec(engine.consts())
+    i32 = layout.spec(jax.ShapeDtypeStruct((), jnp.int32))
     mode = engine.decode.mode
-    run = engine.get_executable("batch", _JIT["batch"], (bucket, mode), lambda: (
-        (params, cache, slots, consts, jax.ShapeDtypeStruct((), jnp.bool_)),
+    run = engine.get_executable("batch", layout.jit(_JIT["batch"]), (bucket, mode), lambda: (
+        (params, cache, slots, consts, layout.spec(jax.ShapeDtypeStruct((), jnp.bool_))),
         dict(cfg=engine.cfg, window_size=bucket.window_size, mode=mode)))
-    admit = engine.get_executable("admit", _JIT["admit"], (bucket,), lambda: (
-        (params, cache, slots, i32, jax.ShapeDtypeStruct((bucket.prompt_bucket,), jnp.int32), i32,
-         consts),
+    admit = engine.get_executable("admit", layout.jit(_JIT["admit"]), (bucket,), lambda: (
+        (params, cache, slots, i32,
+         layout.spec(jax.ShapeDtypeStruct((bucket.prompt_bucket,), jnp.int32)), i32, consts),
         dict(cfg=engine.cfg, window_size=bucket.window_size, capacity=bucket.capacity)))
     return run, admit
 
@@ -249,7 +253,8 @@ def generate_stream(engine, prompts: Sequence[Sequence[int]], batch_size: int) -
         return
     bucket = engine.bucket_for(max(len(p) for p in checked), batch=batch_size)
     run, admit = compile_batch(engine, bucket)
-    consts = engine.consts()
+    layout = engine.layout
+    consts = layout.place(engine.consts())
     params = engine.params
     key, cache = engine.take_cache(bucket, batched=True)
     carry = _empty_slots(engine, bucket)
@@ -269,8 +274,8 @@ def generate_stream(engine, prompts: Sequence[Sequence[int]], batch_size: int) -
                     i = waiting.popleft()
                     ids = np.zeros((bucket.prompt_bucket,), np.int32)
                     ids[: len(checked[i])] = checked[i]
-                    ids = jnp.asarray(ids)
-                    slot, length = jnp.asarray(b, jnp.int32), jnp.asarray(len(checked[i]), jnp.int32)
+                    ids, slot, length = layout.place((jnp.asarray(ids), jnp.asarray(b, jnp.int32),
+                                                      jnp.asarray(len(checked[i]), jnp.int32)))
                     jax.block_until_ready((ids, slot, length))
                     t0 = time.perf_counter()
                     cache, carry = admit(params, cache, carry, slot, ids, length, consts)
@@ -280,7 +285,7 @@ def generate_stream(engine, prompts: Sequence[Sequence[int]], batch_size: int) -
                     occupant[b] = i
                     schedule.append(("admit", b, i))
             live = [b for b in range(bucket.batch) if occupant[b] is not None]
-            stop_early = jnp.asarray(bool(waiting))
+            stop_early = layout.place(jnp.asarray(bool(waiting)))
             t0 = time.perf_counter()
             cache, carry = run(params, cache, carry, consts, stop_early)
             finished = np.asarray(jax.device_get(carry.dstate.finished))

@@ -59,6 +59,7 @@ from alodlm_jax import model as M
 from alodlm_jax.config import DecodeConfig
 from alodlm_jax.decode import state as S
 from alodlm_jax.decode import portable as P
+from alodlm_jax.decode.layout import ONE_DEVICE, Layout, Program
 from alodlm_jax.decode.portable import _signature, _spec, prefill  # shared with the portable engine
 from alodlm_jax.decode.programs import PROGRAMS, enable_persistent_cache
 from alodlm_jax.decode.result import DecodeOutput, result_dict, work_counters
@@ -195,9 +196,8 @@ def _prefill_program(params, cache, prompt, *, cfg):
 
 
 _JIT = {
-    "single": jax.jit(_single_program, static_argnames=("cfg", "window_size", "mode", "capacity"),
-                      donate_argnames=("cache",)),
-    "prefill": jax.jit(_prefill_program, static_argnames=("cfg",), donate_argnames=("cache",)),
+    "single": Program(_single_program, ("cfg", "window_size", "mode", "capacity"), ("cache",)),
+    "prefill": Program(_prefill_program, ("cfg",), ("cache",)),
 }
 
 
@@ -222,15 +222,21 @@ class CompiledEngine:
       cache_slots: a fixed, larger cache size (benchmarks: time against ``max_new_tokens`` at a
         constant per-pass attention length). Outputs then equal the portable engine's only up to
         fp32 rounding, since the attention reductions run over a different buffer length.
+      layout: the devices the programs run on (:mod:`.layout`: one device, or a ``("data",
+        "model")`` mesh whose ``model`` axis ``params`` are already sharded on); ``batch_size``
+        must be a multiple of its ``data``.
     """
 
     name = "jax-xla-compiled"
 
     def __init__(self, cfg, params, decode: DecodeConfig, stop_ids: Sequence[int], *,
                  batch_size: int = 1, compilation_cache_dir: str | None = None,
-                 measure_prefill: bool = True, cache_slots: int | None = None):
+                 measure_prefill: bool = True, cache_slots: int | None = None,
+                 layout: Layout = ONE_DEVICE):
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
+        layout.check_batch(batch_size)
+        self.layout = layout
         enable_persistent_cache(compilation_cache_dir)
         self.cfg = cfg
         self.params = params
@@ -279,10 +285,8 @@ class CompiledEngine:
         if cache is None:
             for other in list(self._caches):  # free buffers of other shapes first
                 del self._caches[other]
-            cache = M.init_cache(self.cfg, bucket.t_max, self.dtype)
-            if batched:
-                cache = jax.tree_util.tree_map(
-                    lambda x: jnp.broadcast_to(x, (bucket.batch,) + x.shape).copy(), cache)
+            cache = self.layout.new_cache(self.cfg, bucket.t_max, self.dtype,
+                                          bucket.batch if batched else None)
         return key, cache
 
     def give_back_cache(self, key, cache) -> None:
@@ -292,31 +296,40 @@ class CompiledEngine:
 
     def get_executable(self, name: str, jitted, key: tuple, make_args: Callable):
         """The executable of program ``name`` for ``key`` from the process's bounded program store
-        (shared by every engine: program, cfg, params signature, bucket, mode), compiled now if
-        it is not there; compile seconds are added to :attr:`compile_seconds`."""
-        full_key = ("compiled", name, self.cfg, self._params_signature) + key
+        (shared by every engine: program, cfg, params signature, layout, bucket, mode), compiled
+        now if it is not there; compile seconds are added to :attr:`compile_seconds`."""
+        full_key = ("compiled", name, self.cfg, self._params_signature, self.layout.key) + key
         exe, seconds = PROGRAMS.get(full_key, jitted, make_args)
         self.compile_seconds += seconds
         return exe
+
+    def cache_spec(self, bucket: Bucket, batched: bool):
+        """Abstract cache of ``bucket`` (with its layout's shardings)."""
+        cache = jax.eval_shape(lambda: M.init_cache(self.cfg, bucket.t_max, self.dtype))
+        if batched:
+            cache = jax.tree_util.tree_map(
+                lambda x: jax.ShapeDtypeStruct((bucket.batch,) + x.shape, x.dtype), cache)
+        return self.layout.spec(cache, self.layout.cache_shardings(self.cfg, batched))
 
     def compile_for(self, bucket: Bucket):
         """Compiles (once per process and bucket, while it stays in the program store) the
         single-request program; returns it."""
         cfg, mode = self.cfg, self.decode.mode
+        layout = self.layout
         params = _spec(self.params)
-        cache = jax.eval_shape(lambda: M.init_cache(self.cfg, bucket.t_max, self.dtype))
-        prompt = jax.ShapeDtypeStruct((bucket.prompt_bucket,), jnp.int32)
-        i32 = jax.ShapeDtypeStruct((), jnp.int32)
-        consts = _spec(self.consts())
+        cache = self.cache_spec(bucket, batched=False)
+        prompt = layout.spec(jax.ShapeDtypeStruct((bucket.prompt_bucket,), jnp.int32))
+        i32 = layout.spec(jax.ShapeDtypeStruct((), jnp.int32))
+        consts = layout.spec(self.consts())
         statics = dict(cfg=cfg, window_size=bucket.window_size, mode=mode, capacity=bucket.capacity)
-        exe = self.get_executable("single", _JIT["single"], (bucket, mode), lambda: (
+        exe = self.get_executable("single", self.layout.jit(_JIT["single"]), (bucket, mode), lambda: (
             (params, cache, prompt, i32, consts), statics))
         if self.measure_prefill and bucket not in self._prefill_seconds:
             self._prefill_seconds[bucket] = self._time_prefill(bucket, params, cache, prompt)
         return exe
 
     def _time_prefill(self, bucket: Bucket, params_spec, cache_spec, prompt_spec) -> float:
-        exe = self.get_executable("prefill", _JIT["prefill"], (bucket.prompt_bucket, bucket.t_max),
+        exe = self.get_executable("prefill", self.layout.jit(_JIT["prefill"]), (bucket.prompt_bucket, bucket.t_max),
                                   lambda: ((params_spec, cache_spec, prompt_spec), {"cfg": self.cfg}))
         return self.median_prefill_seconds(exe, bucket, jnp.zeros((bucket.prompt_bucket,), jnp.int32))
 
@@ -360,9 +373,8 @@ class CompiledEngine:
         exe = self.compile_for(bucket)
         padded = np.zeros((bucket.prompt_bucket,), np.int32)
         padded[: len(prompt)] = prompt
-        ids = jnp.asarray(padded)
-        prompt_len = jnp.asarray(len(prompt), jnp.int32)
-        consts = self.consts()
+        ids, prompt_len, consts = self.layout.place(
+            (jnp.asarray(padded), jnp.asarray(len(prompt), jnp.int32), self.consts()))
         key, cache = self.take_cache(bucket, batched=False)
         jax.block_until_ready((cache, ids, prompt_len, consts, self.params))
 
