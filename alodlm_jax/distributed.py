@@ -207,11 +207,16 @@ def prepare_shard_directory(directory: str | os.PathLike, info: ProcessInfo, *, 
 
 def evaluate_shard(tasks: Sequence[Mapping[str, Any]], indices: Sequence[int], state, *,
                    generate: Callable[[Mapping[str, Any]], Mapping[str, Any]],
-                   make_protocol: Callable[[Sequence[dict]], dict], **evaluate_kwargs) -> dict:
+                   make_protocol: Callable[[Sequence[dict]], dict],
+                   generate_stream: Callable[[Sequence[Mapping[str, Any]]], Iterator[Mapping[str, Any]]]
+                   | None = None, **evaluate_kwargs) -> dict:
     """Evaluates ``tasks[i] for i in indices`` into the shard files; returns the shard summary.
 
-    ``generate(task)`` returns the decoder's result dict for one task. A process with no tasks
-    (more processes than tasks) writes an empty shard and a marker with no benchmarks.
+    ``generate(task)`` returns the decoder's result dict for one task; ``generate_stream(tasks)``,
+    if given, is used instead: the result dicts of all of them in order (a batched engine decodes
+    the shard's pending tasks as one stream, a freed slot taking this process's next task). A
+    process with no tasks (more processes than tasks) writes an empty shard and a marker with no
+    benchmarks.
     """
     from alodlm_scoring import evaluation, outputs
 
@@ -225,6 +230,9 @@ def evaluate_shard(tasks: Sequence[Mapping[str, Any]], indices: Sequence[int], s
         return summary
 
     def rows(start: int) -> Iterator[Mapping[str, Any]]:
+        if generate_stream is not None:
+            yield from generate_stream(mine[start:])
+            return
         for task in mine[start:]:
             yield generate(task)
 

@@ -79,11 +79,13 @@ BATCH_NEEDS_COMPILED = "--batch_size > 1 needs --engine compiled"
 
 
 def make_engine(engine: str, cfg, params, decode: DecodeConfig, stop_ids: Sequence[int], *,
-                batch_size: int = 1, compilation_cache_dir: str | None = None):
+                batch_size: int = 1, compilation_cache_dir: str | None = None, mesh=None):
     """The decoding engine by name: ``portable`` or ``compiled``.
 
     ``batch_size`` (requests decoded together by ``generate_batch``) needs the compiled engine;
-    ``compilation_cache_dir`` turns on JAX's persistent compilation cache for either engine.
+    ``compilation_cache_dir`` turns on JAX's persistent compilation cache for either engine;
+    ``mesh`` (compiled engine): the ``("data", "model")`` mesh its programs run on, ``params``
+    already sharded on it (:func:`alodlm_jax.sharding.build_generator`).
     """
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {list(ENGINES)}, got {engine!r}")
@@ -96,10 +98,11 @@ def make_engine(engine: str, cfg, params, decode: DecodeConfig, stop_ids: Sequen
         return PortableEngine(cfg, params, decode, stop_ids)
     try:
         from alodlm_jax.decode.compiled import CompiledEngine
+        from alodlm_jax.decode.layout import for_mesh
     except ImportError as error:
         raise ValueError(f"the compiled engine is not available ({error})") from None
     return CompiledEngine(cfg, params, decode, stop_ids, batch_size=batch_size,
-                          compilation_cache_dir=compilation_cache_dir)
+                          compilation_cache_dir=compilation_cache_dir, layout=for_mesh(mesh))
 
 
 def check_batch_size(engine: str, batch_size: int) -> None:
@@ -124,7 +127,8 @@ class Generator:
 
     def __init__(self, *, cfg, params, tokenizer, model_dir: pathlib.Path | None, precision: str,
                  device: str, engine: str = "portable", decode_config: DecodeConfig | None = None,
-                 jax_device=None, batch_size: int = 1, compilation_cache_dir: str | None = None):
+                 jax_device=None, batch_size: int = 1, compilation_cache_dir: str | None = None,
+                 mesh=None):
         import jax
 
         self.cfg = cfg
@@ -135,13 +139,14 @@ class Generator:
         self.device = device
         self.engine_name = engine
         self.batch_size = batch_size
+        self.mesh = mesh  # the compiled engine's ("data", "model") mesh, or None: one device
         self.decode_config = decode_config or DecodeConfig()
         self.stop_ids = stop_ids_for(tokenizer)
         self._jax_device = jax_device or jax.devices()[0]
         with jax.default_device(self._jax_device):
             self.engine = make_engine(engine, cfg, params, self.decode_config, self.stop_ids,
                                       batch_size=batch_size,
-                                      compilation_cache_dir=compilation_cache_dir)
+                                      compilation_cache_dir=compilation_cache_dir, mesh=mesh)
 
     def with_decode_config(self, decode_config: DecodeConfig) -> "Generator":
         """A generator over the same params, tokenizer and device with other decoding settings
@@ -149,7 +154,7 @@ class Generator:
         return Generator(cfg=self.cfg, params=self.params, tokenizer=self.tokenizer,
                          model_dir=self.model_dir, precision=self.precision, device=self.device,
                          engine=self.engine_name, decode_config=decode_config,
-                         jax_device=self._jax_device, batch_size=self.batch_size)
+                         jax_device=self._jax_device, batch_size=self.batch_size, mesh=self.mesh)
 
     @classmethod
     def load(cls, model: str, *, precision: str = "fp32", device: str = "cpu",

@@ -1,10 +1,11 @@
 """Tensor parallelism: a device mesh, partition rules for params and KV cache, sharded loading.
 
 The mesh has two named axes, ``("data", "model")``. Only ``model`` partitions tensors (Megatron
-style: attention by heads, the MLP by its intermediate dimension); ``data`` replicates them and is
-reserved for batched decoding. Across processes and hosts, data parallelism is the task split of
-:mod:`alodlm_jax.distributed`: every process builds its mesh over its own *local* devices and
-decodes its own tasks, so no collective ever crosses a host during decoding.
+style: attention by heads, the MLP by its intermediate dimension); ``data`` replicates them and
+splits the compiled engine's batch of request slots (:mod:`alodlm_jax.decode.layout`). Across
+processes and hosts, data parallelism is the task split of :mod:`alodlm_jax.distributed`: every
+process builds its mesh over its own *local* devices and decodes its own tasks, so no collective
+ever crosses a host during decoding.
 
 Partition rules (DESIGN.md's params pytree; a layer stack's leading ``L`` axis is never split):
 
@@ -129,6 +130,32 @@ class MeshSpec:
 
     def __str__(self) -> str:
         return f"model={self.model},data={self.data}"
+
+
+def check_layout(spec: MeshSpec, engine: str, batch_size: int) -> None:
+    """ValueError (one line saying what to use instead) unless ``engine`` can decode on ``spec``
+    with ``batch_size`` request slots: the compiled engine takes any mesh and a batch that is a
+    multiple of ``data``; the portable engine decodes one request at a time, so no ``data`` axis."""
+    if engine == "portable" and spec.data > 1:
+        raise ValueError(f"--mesh {spec}: the data axis splits a batch of requests, which only the "
+                         f"compiled engine decodes; use --engine compiled --batch_size "
+                         f"{2 * spec.data} (any multiple of data={spec.data})")
+    check_batch_split(batch_size, spec.data)
+
+
+def layout_record(spec: MeshSpec, num_processes: int) -> dict:
+    """The protocol's layout keys (``mesh``: ``{"data", "model"}``, ``num_processes``) where
+    decoding spans several devices or processes; empty otherwise (SCORING.md §7.4)."""
+    if spec.num_devices == 1 and num_processes == 1:
+        return {}
+    return {"mesh": {"data": spec.data, "model": spec.model}, "num_processes": num_processes}
+
+
+def check_batch_split(batch_size: int, data: int) -> None:
+    """ValueError unless ``batch_size`` request slots split evenly over ``data`` shards."""
+    if batch_size % data:
+        raise ValueError(f"--batch_size {batch_size} is not a multiple of the mesh's data={data} (each "
+                         f"data shard decodes batch_size / data requests); use a multiple of {data}")
 
 
 def make_mesh(spec: MeshSpec | str | None = None, devices: Sequence[Any] | None = None) -> Mesh:
@@ -345,44 +372,50 @@ def local_device(device: str = "cpu"):
 
 def build_generator(*, model: str, mesh: MeshSpec | str | None = None, model_config: str | None = None,
                     device: str = "cpu", precision: str = "fp32", decode_config=None,
-                    engine: str = "portable", compilation_cache_dir: str | None = None):
+                    engine: str = "compiled", compilation_cache_dir: str | None = None,
+                    batch_size: int = 1):
     """A ``Generator`` whose params (and KV cache) live on this process's mesh.
 
-    ``model=1`` (the default) loads through the ordinary loader onto this process's first local
-    device, so it is numerically the single-device path. ``model>1`` loads with
-    :func:`load_sharded_model` onto a mesh of local devices of ``device``'s platform and gives the
-    engine the KV cache's shardings (the portable engine's ``cache_sharding`` hook).
+    A one-device mesh (the default) loads through the ordinary loader onto this process's first
+    local device, so it is numerically the single-device path. A larger mesh loads with
+    :func:`load_sharded_model` onto a mesh of local devices of ``device``'s platform; the compiled
+    engine runs its programs on it (:mod:`alodlm_jax.decode.layout`: ``model`` splits weights and
+    cache, ``data`` the ``batch_size`` request slots), the portable engine gets the KV cache's
+    shardings (its ``cache_sharding`` hook; ``model`` only). Layouts that cannot work are refused
+    (:func:`check_layout`) before anything is loaded.
     """
     from alodlm_convert.resolve import resolve_model
     from alodlm_jax.config import ENGINES
-    from alodlm_jax.generate import (DEVICES, PRECISIONS, Generator, enable_compilation_cache,
-                                     load_tokenizer)
+    from alodlm_jax.generate import (DEVICES, PRECISIONS, Generator, check_batch_size,
+                                     enable_compilation_cache, load_tokenizer)
     from alodlm_jax.params import load_model
 
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {list(ENGINES)}, got {engine!r}")
-    enable_compilation_cache(compilation_cache_dir)
     spec = mesh if isinstance(mesh, MeshSpec) else MeshSpec.parse(mesh)
+    check_batch_size(engine, batch_size)
+    check_layout(spec, engine, batch_size)
+    enable_compilation_cache(compilation_cache_dir)
     first = local_device(device)
     model_dir = resolve_model(model)
+    the_mesh = None
     if spec.num_devices == 1:
         placement = jax.sharding.SingleDeviceSharding(first)
         cfg, params = load_model(str(model_dir), precision, sharding=lambda path, array: placement,
                                  model_config_yaml=model_config)
-        cache_sharding = None
     else:
-        if engine != "portable":
-            raise ValueError(f"--mesh {spec} (tensor parallelism) is supported by the portable engine "
-                             f"only, not {engine!r}")
-        devices = jax.local_devices(backend=DEVICES[device])
-        the_mesh = make_mesh(spec, devices)
+        the_mesh = make_mesh(spec, jax.local_devices(backend=DEVICES[device]))
         cfg, params = load_sharded_model(model_dir, the_mesh, precision, model_config_yaml=model_config)
+    cache_sharding = None
+    if the_mesh is not None and engine == "portable":
         cache_sharding = cache_shardings(the_mesh, cfg)
     generator = Generator(cfg=cfg, params=params, tokenizer=load_tokenizer(model_dir), model_dir=model_dir,
                           precision=precision, device=device, engine=engine,
-                          decode_config=decode_config, jax_device=first)
+                          decode_config=decode_config, jax_device=first, batch_size=batch_size,
+                          mesh=the_mesh if engine == "compiled" else None,
+                          compilation_cache_dir=compilation_cache_dir)
     if cache_sharding is not None:
         if not hasattr(type(generator.engine), "cache_sharding"):
             raise ValueError(f"the {engine!r} engine has no KV cache sharding hook")

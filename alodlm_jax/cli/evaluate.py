@@ -42,9 +42,9 @@ flags.DEFINE_string("predictions", None, "Score existing local predictions witho
                     "weights (rescore mode).", flag_values=FLAGS)
 flags.DEFINE_enum("engine", DEFAULT_ENGINE, list(ENGINES), "Decoder engine for generate mode: "
                   "compiled (the default: one XLA while-loop program per shape bucket) or portable "
-                  "(jitted passes, Python host loop); their outputs are identical. --mesh over "
-                  "several devices needs portable: without an explicit --engine it is used "
-                  "there. Recorded as protocol.decoder.", flag_values=FLAGS)
+                  "(jitted passes, Python host loop); their outputs are identical. The compiled engine "
+                  "runs on any --mesh with --batch_size; the portable one decodes one task at a "
+                  "time (--mesh model=N only). Recorded as protocol.decoder.", flag_values=FLAGS)
 flags.DEFINE_integer("workers", os.cpu_count() or 1, "Number of fresh-interpreter workers that "
                      "score code tasks in parallel (verdicts equal sequential scoring).",
                      flag_values=FLAGS)
@@ -62,13 +62,15 @@ flags.DEFINE_boolean("resume", False, "Continue an interrupted run in --output: 
 define_compilation_flags(FLAGS)  # generate mode
 flags.DEFINE_integer("batch_size", 1, "Generate mode: N tasks decoded together by one compiled "
                      "program, a finished task's slot taking the next waiting task (continuous "
-                     "batching; needs the compiled engine; not with --mesh or several "
-                     "processes). Each row equals decoding its task alone; its wall_seconds is "
-                     "its prefill plus an even share of each batch run it took part in. Recorded "
-                     "in the protocol when > 1.", flag_values=FLAGS)
+                     "batching; needs the compiled engine; with --mesh data=D a multiple of D, "
+                     "with several processes per process). Each row equals decoding its task "
+                     "alone; its wall_seconds is its prefill plus an even share of each batch run "
+                     "it took part in. Recorded in the protocol when > 1.", flag_values=FLAGS)
 # Scaling out (alodlm_jax.sharding, alodlm_jax.distributed; docs/scaling.md).
-flags.DEFINE_string("mesh", None, "Generate mode: tensor parallelism over this process's local "
-                    "devices, e.g. model=4 (optional data=M). Default: one device.", flag_values=FLAGS)
+flags.DEFINE_string("mesh", None, "Generate mode: a (data, model) mesh over this process's local "
+                    "devices, e.g. model=4, data=8 or data=2,model=4: model splits the weights "
+                    "and KV cache (tensor parallelism), data the --batch_size request slots. "
+                    "Default: one device.", flag_values=FLAGS)
 flags.DEFINE_string("coordinator_address", None, "Generate mode, several processes: host:port of "
                     "process 0 for jax.distributed, or 'auto' (JAX's cluster detection). Each "
                     "process decodes its share of the tasks; process 0 merges the shards.",
@@ -166,19 +168,6 @@ def benchmark_table(summary: Mapping[str, Any]) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def engine_for_run() -> str:
-    """The engine of this generate-mode run: ``--engine``, or, when it was not given and
-    ``--mesh`` spans several devices (tensor parallelism: portable engine only), ``portable``.
-
-    An explicit ``--engine compiled`` with such a mesh is kept, so the user gets the clear error.
-    """
-    if FLAGS["engine"].present or FLAGS.mesh is None or FLAGS.engine == "portable":
-        return FLAGS.engine
-    from alodlm_jax.sharding import MeshSpec
-
-    return "portable" if MeshSpec.parse(FLAGS.mesh).num_devices > 1 else FLAGS.engine
-
-
 def build_generator(decode: DecodeConfig, device: str, engine: str | None = None,
                     compilation_cache_dir: str | None = None):
     """The generate-mode generator from ``alodlm_jax.generate`` (imports JAX).
@@ -217,26 +206,23 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
     if not FLAGS.model:
         raise ValueError("--model is required for generation")
     batch_size = FLAGS.batch_size
-    engine = engine_for_run()
-    if batch_size > 1:
-        from alodlm_jax.generate import check_batch_size
+    engine = FLAGS.engine  # no fallback: the engine asked for (or the default) runs, or none
+    from alodlm_jax import sharding
+    from alodlm_jax.generate import check_batch_size, default_device  # JAX: generate mode only
 
-        if FLAGS.mesh is not None or _process_info is not None:
-            raise ValueError("--batch_size > 1 is not supported with --mesh or several processes")
-        check_batch_size(engine, batch_size)
-    from alodlm_jax.generate import default_device  # imports JAX: generate mode only
+    mesh = sharding.MeshSpec.parse(FLAGS.mesh)
+    check_batch_size(engine, batch_size)
+    sharding.check_layout(mesh, engine, batch_size)
 
     device = FLAGS.device or default_device()
     cache_dir = apply_compilation_flags(FLAGS)
     input_sha256 = sha256_file(FLAGS.input)
     manifest = suite_manifest(FLAGS.input)
     if FLAGS.mesh is not None or _process_info is not None:  # scaling out: local devices, mesh
-        from alodlm_jax import sharding
-
         generator = sharding.build_generator(
-            model=FLAGS.model, mesh=FLAGS.mesh, model_config=FLAGS.model_config, device=device,
+            model=FLAGS.model, mesh=mesh, model_config=FLAGS.model_config, device=device,
             precision=FLAGS.precision, decode_config=decode, engine=engine,
-            compilation_cache_dir=cache_dir)
+            compilation_cache_dir=cache_dir, batch_size=batch_size)
     else:
         generator = build_generator(decode, device, engine, cache_dir)
     from alodlm_jax.generate import check_task_prompts
@@ -249,14 +235,17 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
         for task in tasks[start:]:
             yield generator.generate(task["prompt"])
 
-    def batched_rows(start: int):
-        # The pending tasks (a resumed run starts at `start`) as one stream through batch_size
-        # slots with continuous batching: a finished task's slot takes the next waiting task. The
-        # programs are compiled first; rows come back in task order as soon as they and every
-        # earlier row are complete, and evaluate() writes and flushes each one.
-        pending = [task["prompt"] for task in tasks[start:]]
+    def batched_stream(pending_tasks: Sequence[Mapping[str, Any]]):
+        # The pending tasks as one stream through batch_size slots with continuous batching: a
+        # finished task's slot takes the next waiting task. The programs are compiled first; rows
+        # come back in task order as soon as they and every earlier row are complete, and
+        # evaluate() writes and flushes each one.
+        pending = [task["prompt"] for task in pending_tasks]
         generator.warmup_batches([pending])
         yield from generator.generate_stream(pending)
+
+    def batched_rows(start: int):
+        return batched_stream(tasks[start:])  # a resumed run starts at `start`
 
     def make_protocol(failures):
         fields = {"decoder": ENGINE_NAMES[engine], "precision": FLAGS.precision,
@@ -271,11 +260,15 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
             suite_manifest=manifest,
             **fields,
         )
-        if batch_size > 1:  # after the project's keys; a batch-1 block is unchanged
+        layout = sharding.layout_record(mesh, 1 if _process_info is None else
+                                        _process_info.num_processes)
+        if batch_size > 1 or layout:  # after the project's keys; a batch-1 block is unchanged
+            block["batch_size"] = batch_size
+        if batch_size > 1:
             from alodlm_jax.decode.batched import BATCH_TIMING
 
-            block["batch_size"] = batch_size
             block["batch_timing"] = BATCH_TIMING
+        block.update(layout)
         return block
 
     if _process_info is not None:
@@ -283,7 +276,7 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
 
         return distributed.evaluate_sharded(
             tasks, FLAGS.output, _process_info, generate=lambda task: generator.generate(task["prompt"]),
-            make_protocol=make_protocol, split=FLAGS.task_split, state=state,
+            generate_stream=batched_stream if batch_size > 1 else None, make_protocol=make_protocol, split=FLAGS.task_split, state=state,
             workers=FLAGS.workers, progress=progress, overlap=FLAGS.overlap_scoring,
             **_code_scoring(),
         )

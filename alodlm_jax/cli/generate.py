@@ -35,6 +35,10 @@ flags.DEFINE_enum("engine", DEFAULT_ENGINE, list(ENGINES), "Decoder engine: comp
                   "passes, Python host loop); their outputs are identical.", flag_values=FLAGS)
 define_decode_flags(FLAGS)
 define_compilation_flags(FLAGS)
+flags.DEFINE_string("mesh", None, "A (data, model) mesh over this process's local devices; "
+                    "model=N splits the weights and KV cache over N devices (tensor parallelism; "
+                    "a single prompt has no batch for a data axis to split). Default: one device.",
+                    flag_values=FLAGS)
 flags.DEFINE_boolean("stats", False, "Print compile seconds and token-layer counters to stderr.",
                      flag_values=FLAGS)
 
@@ -60,9 +64,21 @@ def _generate() -> int:
 
     device = FLAGS.device or default_device()
     cache_dir = apply_compilation_flags(FLAGS)
-    generator = Generator.load(FLAGS.model, precision=FLAGS.precision, device=device,
-                               engine=FLAGS.engine, decode_config=decode,
-                               model_config=FLAGS.model_config, compilation_cache_dir=cache_dir)
+    if FLAGS.mesh is not None:
+        from alodlm_jax import sharding
+
+        if sharding.MeshSpec.parse(FLAGS.mesh).data > 1:
+            raise FlagError("mesh", "the data axis splits a batch of requests and this command "
+                            "decodes one prompt; use model=N here, or alodlm-jax-evaluate "
+                            "--mesh data=D --batch_size B for many prompts")
+        generator = sharding.build_generator(
+            model=FLAGS.model, mesh=FLAGS.mesh, model_config=FLAGS.model_config, device=device,
+            precision=FLAGS.precision, decode_config=decode, engine=FLAGS.engine,
+            compilation_cache_dir=cache_dir)
+    else:
+        generator = Generator.load(FLAGS.model, precision=FLAGS.precision, device=device,
+                                   engine=FLAGS.engine, decode_config=decode,
+                                   model_config=FLAGS.model_config, compilation_cache_dir=cache_dir)
     if prompt_ids is None:
         prompt_ids = generator.chat_prompt_ids(FLAGS.prompt, thinking=FLAGS.thinking)
     try:

@@ -94,10 +94,7 @@ class Layout:
 
     def check_batch(self, batch_size: int) -> None:
         """ValueError unless ``batch_size`` request slots split evenly over ``data``."""
-        if batch_size % self.data:
-            raise ValueError(f"--batch_size {batch_size} is not a multiple of the mesh's data={self.data} "
-                             f"(each data shard decodes batch_size / data requests); use a multiple "
-                             f"of {self.data}")
+        SH.check_batch_split(batch_size, self.data)
 
     # -- shardings -----------------------------------------------------------------------------
 
