@@ -218,19 +218,74 @@ def for_mesh(mesh: Mesh | None) -> Layout:
     return Layout(mesh)
 
 
-def collective_counts(hlo_text: str) -> dict[str, int]:
-    """Collective operations in an (optimized) HLO module's text, by kind (zero kinds omitted).
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
+               "collective-broadcast", "ragged-all-to-all")
 
-    Counted per instruction (an async ``-start``/``-done`` pair counts once), anywhere in the
-    module: a ``while`` body's collectives run once per step.
+
+def collectives(hlo_text: str) -> list[dict]:
+    """The collective instructions of an optimized HLO module's text (``compiled.as_text()``).
+
+    Each: ``kind``, ``op_name`` (the JAX operation it came from, from the metadata),
+    ``replica_groups`` (lists of device ids; ``None`` where the text does not say) and
+    ``branches`` (the ``lax.switch``/``lax.cond`` branch indices on its path). An async
+    ``-start``/``-done`` pair is one instruction.
     """
     import re
 
-    kinds = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
-             "collective-broadcast")
-    counts: dict[str, int] = {}
-    for kind in kinds:
-        n = len(re.findall(rf"(?<![\w.%-]){kind}(?:-start)?\(", hlo_text))
-        if n:
-            counts[kind] = n
-    return counts
+    found = []
+    for line in hlo_text.splitlines():
+        match = re.search(r"(?<![\w.%-])(" + "|".join(COLLECTIVES) + r")(?:-start)?\(", line)
+        if match is None or " = " not in line:
+            continue
+        name = re.search(r'op_name="([^"]*)"', line)
+        op_name = name.group(1) if name else ""
+        found.append({"kind": match.group(1), "op_name": op_name,
+                      "replica_groups": _replica_groups(line),
+                      "branches": tuple(int(b) for b in re.findall(r"branch_(\d+)_fun", op_name))})
+    return found
+
+
+def _replica_groups(line: str):
+    """``replica_groups=`` as lists of ids: the explicit form ``{{0,1},{2,3}}`` or the iota form
+    ``[G,S]<=[N]`` (optionally ``<=[a,b]T(1,0)``); None if absent or another form."""
+    import re
+
+    import numpy as np
+
+    explicit = re.search(r"replica_groups=\{((?:\{[\d,]*\},?)*)\}", line)
+    if explicit:
+        return [[int(x) for x in g.split(",") if x] for g in re.findall(r"\{([\d,]*)\}", explicit.group(1))]
+    iota = re.search(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", line)
+    if not iota:
+        return None
+    shape = [int(x) for x in iota.group(1).split(",")]
+    dims = [int(x) for x in iota.group(2).split(",")]
+    ids = np.arange(int(np.prod(dims))).reshape(dims)
+    if iota.group(3):
+        ids = ids.transpose([int(x) for x in iota.group(3).split(",")])
+    return ids.reshape(shape).tolist()
+
+
+def step_collectives(hlo_text: str) -> dict[str, int]:
+    """Collectives one execution of the program's text runs, by ``kind`` and source operation.
+
+    Of a ``lax.switch`` (the engine's row and prefix buckets) only one branch runs: each source is
+    counted in the branch where it occurs most. A loop body (a step, a layer) counts once. Keys:
+    ``"<kind> <op>"``, where ``<op>`` is the last two parts of the JAX operation's name (e.g.
+    ``"all-reduce ti,ih->th/dot_general"``, ``"all-reduce jit(_take)/gather"``).
+    """
+    import collections
+    import re
+
+    per_branch: collections.Counter = collections.Counter()
+    for c in collectives(hlo_text):
+        normal = re.sub(r"branch_\d+_fun", "branch", c["op_name"])
+        per_branch[(c["kind"], normal, c["branches"])] += 1
+    best: dict[tuple[str, str], int] = {}
+    for (kind, normal, _), count in per_branch.items():
+        best[(kind, normal)] = max(best.get((kind, normal), 0), count)
+    counts: collections.Counter = collections.Counter()
+    for (kind, normal), count in best.items():
+        source = "/".join(normal.split("/")[-2:])
+        counts[f"{kind} {source}"] += count
+    return dict(sorted(counts.items()))
