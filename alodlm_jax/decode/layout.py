@@ -246,8 +246,9 @@ def collectives(hlo_text: str) -> list[dict]:
 
 
 def _replica_groups(line: str):
-    """``replica_groups=`` as lists of ids: the explicit form ``{{0,1},{2,3}}`` or the iota form
-    ``[G,S]<=[N]`` (optionally ``<=[a,b]T(1,0)``); None if absent or another form."""
+    """``replica_groups=`` as lists of ids: the explicit form ``{{0,1},{2,3}}``, the iota form
+    ``[G,S]<=[N]`` (optionally ``<=[a,b]T(1,0)``) or the mesh-axes form ``mesh['a'=2,'b'=2]
+    {'b'}``; None if absent or another form."""
     import re
 
     import numpy as np
@@ -255,6 +256,15 @@ def _replica_groups(line: str):
     explicit = re.search(r"replica_groups=\{((?:\{[\d,]*\},?)*)\}", line)
     if explicit:
         return [[int(x) for x in g.split(",") if x] for g in re.findall(r"\{([\d,]*)\}", explicit.group(1))]
+    named = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
+    if named:  # mesh['a'=2,'b'=1] {'a'}: devices (row-major ids) varying along the named axes
+        axes = re.findall(r"'([^']+)'=(\d+)", named.group(1))
+        over = set(re.findall(r"'([^']+)'", named.group(2)))
+        ids = np.arange(int(np.prod([int(n) for _, n in axes]) or 1)).reshape([int(n) for _, n in axes])
+        moved = [i for i, (a, _) in enumerate(axes) if a not in over] + \
+                [i for i, (a, _) in enumerate(axes) if a in over]
+        size = int(np.prod([int(n) for a, n in axes if a in over]))
+        return ids.transpose(moved).reshape(-1, size).tolist()
     iota = re.search(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", line)
     if not iota:
         return None
