@@ -292,15 +292,19 @@ def generate_stream(engine, prompts: Sequence[Sequence[int]], batch_size: int) -
             elapsed = time.perf_counter() - t0
             for b in live:
                 wall[occupant[b]] += elapsed / len(live)
-            for b in live:
-                if finished[b]:
-                    i = occupant[b]
-                    host = jax.device_get(jax.tree_util.tree_map(lambda x: x[b], carry))
-                    engine.last_live_steps[i] = int(host.live_steps)
-                    host = host.dstate
-                    done[i] = engine._output(host, len(checked[i]), wall[i], prefill[i])
-                    occupant[b] = None
-                    schedule.append(("done", b, i))
+            ended = [b for b in live if finished[b]]
+            if ended:
+                # Whole arrays to the host, then numpy indexing: indexing a slot-split (data)
+                # array on the device would compile a gather with a collective (one hung a
+                # multi-process CPU run in gloo).
+                states, steps = jax.device_get((carry.dstate, carry.live_steps))
+            for b in ended:
+                i = occupant[b]
+                engine.last_live_steps[i] = int(steps[b])
+                host = jax.tree_util.tree_map(lambda x: x[b], states)
+                done[i] = engine._output(host, len(checked[i]), wall[i], prefill[i])
+                occupant[b] = None
+                schedule.append(("done", b, i))
             while next_out in done:
                 yield done.pop(next_out)
                 next_out += 1

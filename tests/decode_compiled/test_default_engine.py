@@ -1,4 +1,5 @@
-"""The commands' default engine is the compiled one, except where only the portable one works."""
+"""The commands' default engine is the compiled one, on every layout: no flag combination falls
+back to another engine; one that cannot work is refused with one line saying what to use."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import pytest
 
 import alodlm_jax.data
 from alodlm_jax.cli import evaluate, generate
-from alodlm_jax.cli.flags import parse_flags
 
 DEMO = pathlib.Path(alodlm_jax.data.__file__).parent / "tiny_checkpoint"
 
@@ -19,41 +19,47 @@ def test_both_commands_default_to_the_compiled_engine():
     assert generate.FLAGS["engine"].default == "compiled"
 
 
-@pytest.mark.parametrize("argv,engine", [
-    ([], "compiled"),
-    (["--engine", "portable"], "portable"),
-    (["--mesh", "model=1"], "compiled"),  # one device: the compiled engine works
-    (["--mesh", "model=2"], "portable"),  # tensor parallelism: fall back to portable
-    (["--mesh", "data=2"], "portable"),
-    (["--mesh", "model=2", "--engine", "compiled"], "compiled"),  # explicit: kept (then refused)
-])
-def test_engine_for_run(argv, engine):
-    try:
-        parse_flags(["alodlm-jax-evaluate", "--input", "t", "--output", "o"] + argv, evaluate.FLAGS)
-        assert evaluate.engine_for_run() == engine
-    finally:
-        evaluate.FLAGS.unparse_flags()
-
-
-def _refused_with_mesh(tmp_path, capsys, *extra: str) -> str:
-    """Runs evaluate with ``--mesh model=2`` plus ``extra``; asserts exit 2, nothing on stdout and
-    a one-line error, and returns that line."""
+def _refused(tmp_path, capsys, mesh: str, *extra: str) -> str:
+    """Runs evaluate with ``--mesh mesh`` plus ``extra``; asserts exit 2, nothing on stdout, a
+    one-line error and no output directory, and returns that line."""
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(json.dumps({"id": "1", "benchmark": "b", "metric": "exact", "prompt": "one",
                                  "answer": "one"}) + "\n")
     status = evaluate.main(["alodlm-jax-evaluate", "--model", str(DEMO), "--input", str(tasks),
                             "--output", str(tmp_path / "out"), "--device", "cpu", "--mesh",
-                            "model=2", *extra])
+                            mesh, *extra])
     captured = capsys.readouterr()
     assert status == 2 and captured.out == ""
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1
+    assert not (tmp_path / "out").exists()
     return lines[0]
 
 
-def test_explicit_compiled_engine_with_tensor_parallelism_is_refused(tmp_path, capsys):
-    line = _refused_with_mesh(tmp_path, capsys, "--engine", "compiled")
-    assert "supported by the portable engine only" in line
+def test_a_data_axis_needs_the_compiled_engine(tmp_path, capsys):
+    line = _refused(tmp_path, capsys, "data=2", "--engine", "portable")
+    assert "only the compiled engine decodes" in line and "--engine compiled --batch_size 4" in line
+
+
+def test_batch_size_must_split_over_data(tmp_path, capsys):
+    line = _refused(tmp_path, capsys, "data=2", "--batch_size", "3")
+    assert "--batch_size 3 is not a multiple of the mesh's data=2" in line
+    line = _refused(tmp_path, capsys, "data=2")  # the default batch of 1 cannot split either
+    assert "--batch_size 1 is not a multiple" in line
+
+
+def test_a_mesh_larger_than_the_process_is_refused(tmp_path, capsys):
+    line = _refused(tmp_path, capsys, "model=2", "--engine", "compiled", "--batch_size", "2")
+    assert "--mesh model=2,data=1 needs 2 devices, but this process has 1" in line
+
+
+def test_generate_refuses_a_data_axis(capsys):
+    status = generate.main(["alodlm-jax-generate", "--model", str(DEMO), "--prompt_ids", "4,5",
+                            "--device", "cpu", "--mesh", "data=2"])
+    captured = capsys.readouterr()
+    assert status == 2 and captured.out == ""
+    (line,) = captured.err.strip().splitlines()
+    assert line.startswith("alodlm-jax-generate: ") and "--mesh" in line and "model=N" in line
 
 
 def test_help_names_the_default_engine(capsys):
@@ -61,8 +67,3 @@ def test_help_names_the_default_engine(capsys):
         assert command.main(["prog", "--help"]) == 0
         out = capsys.readouterr().out
         assert "compiled (the default" in " ".join(out.split())
-
-
-def test_batch_size_with_a_mesh_is_refused(tmp_path, capsys):
-    line = _refused_with_mesh(tmp_path, capsys, "--batch_size", "2")
-    assert "--batch_size > 1 is not supported with --mesh" in line
