@@ -9,8 +9,12 @@
 #   1.7B-shaped: 28 layers, loop [0,28), H 2048, I 6144, 16/8 heads x 128, vocab 151936
 #   8B-shaped:   36 layers, loop [10,26), H 4096, I 12288, 32/8 heads x 128, vocab 151936
 #
-# Usage:  bash scripts/gpu_check.sh [--tiny] [--max_new_tokens N] [--models 1.7b,8b]
-#   --tiny   small shapes of both topologies, for a CPU smoke test of this script.
+# Usage:  bash scripts/gpu_check.sh [--tiny] [--max_new_tokens N] [--models 1.7b,8b] [--layouts]
+#   --tiny     small shapes of both topologies, for a CPU smoke test of this script.
+#   --layouts  (issue 20, block "LAYOUTS" below) also the compiled engine with continuous batching
+#              on every ("data", "model") mesh the visible devices allow (one H200: data=1,model=1
+#              through the mesh path), against one-device batch 1: tokens/s, same tokens, and the
+#              collectives of one batch step. --layouts_only skips the engine comparison above.
 # Run from the repository root (or anywhere: it adds the repository to PYTHONPATH).
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -102,6 +106,10 @@ def main() -> int:
     parser.add_argument("--window_size", type=int, default=16)
     parser.add_argument("--prompt_tokens", type=int, default=64)
     parser.add_argument("--head_scale", type=float, default=8.0)
+    parser.add_argument("--layouts", action="store_true")
+    parser.add_argument("--layouts_only", action="store_true")
+    parser.add_argument("--layout_batch", type=int, default=8)
+    parser.add_argument("--layout_prompts", type=int, default=16)
     args = parser.parse_args()
     dev = jax.devices()[0]
     print(f"jax {jax.__version__}; device {dev.platform} {dev.device_kind}; tiny={args.tiny}",
@@ -110,7 +118,7 @@ def main() -> int:
         print("warning: no GPU visible; the full shapes will be slow here (use --tiny)", flush=True)
     dtype = jnp.bfloat16
     ok = True
-    for name in [m for m in args.models.split(",") if m]:
+    for name in [m for m in args.models.split(",") if m and not args.layouts_only]:
         cfg = make_config((TINY if args.tiny else SHAPES)[name])
         t0 = time.perf_counter()
         # Per-layer weights: the layout Generator.load uses (a stacked group would copy each
@@ -149,8 +157,76 @@ def main() -> int:
             ok &= same
             print(f"  {mode:<8}same tokens portable/compiled: {same}", flush=True)
         del params
+    if args.layouts or args.layouts_only:
+        ok &= check_layouts(args, dtype)
     print("\nGPU_CHECK_DONE", "ok" if ok else "token mismatch (bf16: see the spec's §8 note)")
     return 0
+
+
+# ---- LAYOUTS (issue 20: the compiled engine with batching on a mesh) -------------------------
+def mesh_layouts(count: int, batch: int) -> list:
+    """(mesh text, batch) for the meshes ``count`` devices allow: data=1 (the mesh path on one
+    device), then data=count, model=count and data=count/2,model=2."""
+    out = [("data=1", batch)]
+    if count > 1:
+        out += [(f"data={count}", batch * count), (f"model={count}", batch)]
+    if count >= 4 and count % 2 == 0:
+        out.append((f"data={count // 2},model=2", batch * count // 2))
+    return out
+
+
+def check_layouts(args, dtype) -> bool:
+    from alodlm_jax import sharding
+    from alodlm_jax.decode import batched
+    from alodlm_jax.decode.layout import Layout, collectives, step_collectives
+
+    ok = True
+    count = len(jax.local_devices())
+    for name in [m for m in args.models.split(",") if m]:
+        cfg = make_config((TINY if args.tiny else SHAPES)[name])
+        rng = np.random.default_rng(2)
+        prompts = [rng.integers(0, cfg.mask_token_id, size=args.prompt_tokens).tolist()
+                   for _ in range(args.layout_prompts)]
+        decode = DecodeConfig(q=0.5, tau=0.4, window_size=args.window_size,
+                              max_new_tokens=args.max_new_tokens)
+        stacked = random_params(cfg, dtype, seed=0, head_scale=args.head_scale)
+        print(f"\n== layouts, {name}-shaped, {len(prompts)} prompts, {count} device(s)", flush=True)
+        base = CompiledEngine(cfg, unstack_layers(stacked), decode, [])
+        base.generate(prompts[0])
+        t0 = time.perf_counter()
+        want = [base.generate(p) for p in prompts]
+        wall = time.perf_counter() - t0
+        print(f"  one device, batch 1 (per-layer weights): "
+              f"{sum(len(o.token_ids) for o in want) / wall:9.1f} tok/s", flush=True)
+        del base
+        for mesh_text, batch in mesh_layouts(count, args.layout_batch):
+            if batch > len(prompts):
+                continue
+            mesh = sharding.make_mesh(mesh_text)
+            try:
+                params = sharding.shard_params(stacked, mesh, cfg)
+            except ValueError as error:
+                print(f"  {mesh_text}: skipped ({error})", flush=True)
+                continue
+            engine = CompiledEngine(cfg, params, decode, [], batch_size=batch,
+                                    layout=Layout(mesh), measure_prefill=False)
+            bucket = engine.bucket_for(args.prompt_tokens, batch=batch)
+            text = batched.compile_batch(engine, bucket)[0].as_text()
+            engine.generate_batch(prompts[:1])  # warm execution
+            t0 = time.perf_counter()
+            outs = engine.generate_batch(prompts)
+            wall = time.perf_counter() - t0
+            same = [o.token_ids for o in outs] == [o.token_ids for o in want]
+            ok &= same
+            kinds = sorted({c["kind"] for c in collectives(text)})
+            print(f"  {mesh_text:<16} batch {batch:3d}: "
+                  f"{sum(len(o.token_ids) for o in outs) / wall:9.1f} tok/s  same tokens: {same}  "
+                  f"compile {engine.compile_seconds:6.1f} s  collective kinds {kinds or 'none'}; "
+                  f"one step: {sum(step_collectives(text).values())} {step_collectives(text)}",
+                  flush=True)
+            del engine, params
+    return ok
+# ---- end LAYOUTS ------------------------------------------------------------------------------
 
 
 sys.exit(main())
