@@ -276,7 +276,8 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
 
         return distributed.evaluate_sharded(
             tasks, FLAGS.output, _process_info, generate=lambda task: generator.generate(task["prompt"]),
-            generate_stream=batched_stream if batch_size > 1 else None, make_protocol=make_protocol, split=FLAGS.task_split, state=state,
+            generate_stream=batched_stream if batch_size > 1 else None,
+            make_protocol=make_protocol, split=FLAGS.task_split, state=state,
             workers=FLAGS.workers, progress=progress, overlap=FLAGS.overlap_scoring,
             **_code_scoring(),
         )

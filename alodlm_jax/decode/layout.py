@@ -149,7 +149,7 @@ class Layout:
             return jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (batch,) + x.shape), cache)
 
         if self.mesh is None:
-            return jax.jit(make)()
+            return jax.tree_util.tree_map(lambda x: x.copy(), make())  # own buffers (donated)
         return jax.jit(make, out_shardings=self.cache_shardings(cfg, batch is not None))()
 
     # -- programs --------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Tensor parallelism on 4 forced host CPU devices (a subprocess, so the device count is ours):
 sharded loading reads only each device's slice and equals the unsharded loader exactly; the
-looped forward matches within 1e-5; the portable engine decodes the same tokens (fp32).
+looped forward matches within 1e-5; the portable engine decodes the same tokens (fp32). The
+compiled engine's layouts: ``test_compiled_layouts.py``.
 """
 
 from __future__ import annotations
@@ -153,7 +154,7 @@ def _worker(args: dict) -> dict:
 
     def run(name, model_dir, mesh):
         gen = sharding.build_generator(model=model_dir, mesh=mesh, device="cpu", precision="fp32",
-                                       decode_config=decode)
+                                       decode_config=decode, engine="portable")
         report["decode"][name] = [gen.generate_ids(p) for p in (PROMPTS if full else PROMPTS[:2])]
         return gen
 
