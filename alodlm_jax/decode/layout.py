@@ -280,7 +280,9 @@ def step_collectives(hlo_text: str) -> dict[str, int]:
     """Collectives one execution of the program's text runs, by ``kind`` and source operation.
 
     Of a ``lax.switch`` (the engine's row and prefix buckets) only one branch runs: each source is
-    counted in the branch where it occurs most. A loop body (a step, a layer) counts once. Keys:
+    counted in the branch where it occurs most. A loop body counts once: for a batch program (one
+    ``while`` step) that is one step, with a layer stack that runs as a loop counted once per
+    stack (its collectives run once per layer). Keys:
     ``"<kind> <op>"``, where ``<op>`` is the last two parts of the JAX operation's name (e.g.
     ``"all-reduce ti,ih->th/dot_general"``, ``"all-reduce jit(_take)/gather"``).
     """
