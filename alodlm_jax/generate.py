@@ -71,8 +71,28 @@ def jax_device(device: str):
     except RuntimeError:
         devices = []
     if not devices:
-        raise ValueError(f"JAX has no {device} device on this machine")
+        raise ValueError(missing_device_message(device))
     return devices[0]
+
+
+def missing_device_message(device: str) -> str:
+    """Why JAX sees no ``device`` here, and what to install: the base install's jaxlib is
+    CPU-only; a CUDA GPU needs JAX's CUDA plugin (the project's ``cuda`` extra)."""
+    import importlib.util
+
+    import jax
+
+    message = f"JAX has no {device} device on this machine"
+    if device == "cuda":
+        if importlib.util.find_spec("jax_cuda12_plugin") is None:
+            return (f"{message}: JAX's CUDA plugin (jax-cuda12-plugin) is not installed; install "
+                    f"it with: python -m pip install 'alodlm-jax[cuda]' (from a checkout: "
+                    f"python -m pip install -e '.[cuda]'), which pins jax[cuda12]=={jax.__version__}")
+        return (f"{message}: jax-cuda12-plugin is installed but found no usable GPU (check "
+                f"nvidia-smi, the driver version and CUDA_VISIBLE_DEVICES)")
+    if device == "tpu":
+        return f"{message}: install JAX's TPU support with python -m pip install 'jax[tpu]=={jax.__version__}'"
+    return message
 
 
 BATCH_NEEDS_COMPILED = "--batch_size > 1 needs --engine compiled"
