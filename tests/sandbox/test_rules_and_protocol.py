@@ -8,7 +8,7 @@ import json
 import pytest
 
 from alodlm_scoring import Scorer, evaluation
-from alodlm_scoring.isolation import ScoringPool
+from alodlm_scoring.pool import ScoringPool
 from alodlm_scoring.sandbox import mechanisms
 from evaluation import suites
 

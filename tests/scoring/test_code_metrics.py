@@ -22,7 +22,7 @@ import pytest
 
 from alodlm_scoring import metrics
 from alodlm_scoring.extract import extract_program
-from alodlm_scoring.isolation import ScoringPool
+from alodlm_scoring.pool import ScoringPool
 from alodlm_scoring.metrics import run_python_tests, score
 
 FENCE = "```"
