@@ -45,6 +45,7 @@ import resource
 import select
 import shutil
 import signal
+import socket
 import tempfile
 import time
 from typing import Any, Callable, Mapping, Sequence
@@ -52,10 +53,12 @@ from typing import Any, Callable, Mapping, Sequence
 from . import landlock, linux
 
 __all__ = ["Run", "Limits", "Policy", "Result", "JobContext", "Host", "SetupFailed",
-           "enter_namespaces", "write_paths", "nested_landlock", "RESULT_FD"]
+           "enter_namespaces", "write_paths", "nested_landlock", "RESULT_FD", "CHANNEL_FD"]
 
 RESULT_FD = 3
 _CONTROL_FD = 4
+CHANNEL_FD = 5  # a job's end of the channel to its run's server
+_DEVICES = (os.devnull, "/dev/zero", "/dev/full")
 _MAX_STDIN = 60 * 1024  # fits in a pipe buffer: written before the fork, never blocks
 _RESTORED_SIGNALS = ("SIGPIPE", "SIGXFSZ", "SIGINT", "SIGTERM", "SIGHUP", "SIGCHLD", "SIGALRM",
                      "SIGUSR1", "SIGUSR2")
@@ -111,7 +114,12 @@ class Policy:
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-    """One command (``argv``) or job (``job`` name + ``payload``) to run in the sandbox."""
+    """One command (``argv``) or job (``job`` name + ``payload``) to run in the sandbox.
+
+    A job may have a ``server``: a command run beside it, as a second program process of the
+    same run, with one end of a socket pair as its descriptor 3 and the other end as the job's
+    :attr:`JobContext.channel_fd`. The run's result is the job's; the server is killed when the
+    job ends (see :meth:`Host.run`)."""
 
     timeout: float
     argv: Sequence[str] | None = None
@@ -119,6 +127,7 @@ class Run:
     payload: Any = None
     files: Mapping[str, str] = dataclasses.field(default_factory=dict)
     stdin: bytes = b""
+    server: Sequence[str] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +137,7 @@ class JobContext:
     read_paths: tuple[str, ...]
     write_paths: tuple[str, ...]
     result_fd: int
+    channel_fd: int | None = None  # the channel to the run's server, when it has one
 
 
 @dataclasses.dataclass(frozen=True)
@@ -323,6 +333,8 @@ class Host:
             return Result("setup_failed", error=f"{type(error).__name__}: {error}")
         if len(run.stdin) > _MAX_STDIN:
             return Result("setup_failed", error="sandbox stdin is limited to 60 KiB")
+        if run.server is not None and run.job is None:
+            return Result("setup_failed", error="only a job can have a server")
         result_read, result_write = os.pipe()
         control_read, control_write = os.pipe()
         stdin_read = None
@@ -330,17 +342,31 @@ class Host:
             stdin_read, stdin_write = os.pipe()
             os.write(stdin_write, run.stdin)
             os.close(stdin_write)
+        channel = served = None
+        if run.server is not None:
+            channel, served = (end.detach() for end in socket.socketpair())
         mechanisms = self.mechanisms + fresh
         program = os.fork()
-        if program == 0:  # ---- program process
+        if program == 0:  # ---- program process (with a server: the job's, the test process)
             try:
                 _program(run, self.policy, self.jobs, self.workdir, list(mechanisms),
-                         result_write, control_write, stdin_read)
+                         result_write, control_write, stdin_read, channel)
             finally:
                 os._exit(126)
-        for fd in (result_write, control_write, stdin_read):
+        for fd in (result_write, control_write, stdin_read, channel):
             if fd is not None:
                 os.close(fd)
+        server_control = None
+        if served is not None:
+            server_control, server_control_write = os.pipe()
+            if os.fork() == 0:  # ---- the server's program process
+                try:
+                    _program(Run(timeout=run.timeout, argv=run.server), self.policy, self.jobs,
+                             self.workdir, list(mechanisms), served, server_control_write, None)
+                finally:
+                    os._exit(126)
+            os.close(served)
+            os.close(server_control_write)
         try:
             output, truncated, wait_status, timed_out = self._collect(
                 program, result_read, run.timeout, max_output)
@@ -348,6 +374,11 @@ class Host:
             self._end_everything()
             os.close(result_read)
         reports = _read_all(control_read)
+        if server_control is not None:
+            failed = [r for r in _read_all(server_control) if "setup_error" in r]
+            if failed:  # the job's own verdict means nothing without its server
+                return Result("setup_failed", error="server: " + failed[0]["setup_error"],
+                              elapsed=time.monotonic() - started)
         return _result(reports, wait_status, timed_out, output, truncated,
                        time.monotonic() - started)
 
@@ -509,7 +540,11 @@ def _limits(policy: Policy) -> dict[int, int]:
 
 def _program(run: Run, policy: Policy, jobs: Mapping[str, Callable], workdir: str,
              mechanisms: list[str], result_write: int, control_write: int,
-             stdin_read: int | None) -> None:
+             stdin_read: int | None, channel: int | None = None) -> None:
+    """A program process. With a ``channel`` it is a server's client (the test process of
+    strict python_tests): it works in ``/`` and may write nowhere but the harmless devices, so
+    that nothing the server's program writes is where it reads, and nothing it holds is where
+    the server's program may write."""
     try:
         os.setsid()
         null = os.open(os.devnull, os.O_RDWR)
@@ -518,10 +553,14 @@ def _program(run: Run, policy: Policy, jobs: Mapping[str, Callable], workdir: st
         os.dup2(null, 2)
         os.dup2(result_write, RESULT_FD)
         os.dup2(control_write, _CONTROL_FD)
-        linux.close_fds_except([RESULT_FD, _CONTROL_FD])
+        kept = [RESULT_FD, _CONTROL_FD]
+        if channel is not None:
+            os.dup2(channel, CHANNEL_FD)
+            kept.append(CHANNEL_FD)
+        linux.close_fds_except(kept)
         mechanisms.append("closed-file-descriptors")
         default_signals()
-        os.chdir(workdir)
+        os.chdir(workdir if channel is None else "/")
         os.umask(0o022)
         _attempt(mechanisms, policy, "hard-rlimits", lambda: linux.hard_limits(_limits(policy)))
         _attempt(mechanisms, policy, "no-new-privileges", linux.set_no_new_privs)
@@ -532,7 +571,7 @@ def _program(run: Run, policy: Policy, jobs: Mapping[str, Callable], workdir: st
             except OSError as error:
                 if "capabilities-dropped" in policy.required:
                     raise SetupFailed(f"capabilities-dropped: {error}") from None
-        writable = write_paths(workdir, mechanisms)
+        writable = write_paths(workdir, mechanisms) if channel is None else list(_DEVICES)
         _apply_landlock(policy, writable, mechanisms)
         environment = dict(policy.environment)
         environment.update(HOME=workdir, TMPDIR=os.path.join(workdir, "tmp"))
@@ -558,7 +597,8 @@ def _program(run: Run, policy: Policy, jobs: Mapping[str, Callable], workdir: st
     os.environ.update(environment)
     tempfile.tempdir = environment["TMPDIR"]  # the host's cached choice is not ours
     try:
-        jobs[run.job](run.payload, JobContext(policy.read_paths, tuple(writable), RESULT_FD))
+        jobs[run.job](run.payload, JobContext(policy.read_paths, tuple(writable), RESULT_FD,
+                                              None if channel is None else CHANNEL_FD))
     except BaseException:  # noqa: BLE001 - the job's own failure: the verdict reads the output
         os._exit(1)
     os._exit(0)
@@ -569,7 +609,7 @@ def write_paths(workdir: str, mechanisms: Sequence[str]) -> list[str]:
     directory), the harmless devices, ``/dev/shm`` (multiprocessing's semaphores; a private
     tmpfs when a mount namespace exists, else the machine's) and, in a minimal root, its
     private ``/tmp``."""
-    paths = [workdir, os.devnull, "/dev/zero", "/dev/full", "/dev/shm"]
+    paths = [workdir, *_DEVICES, "/dev/shm"]
     if "minimal-root" in mechanisms:
         paths.append("/tmp")
     return paths

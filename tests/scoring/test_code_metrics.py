@@ -3,8 +3,7 @@ errors, and the hygiene of unsandboxed python_tests (process group, address spac
 
 The verdict tables run three ways (the ``code_score`` fixture): in this process without the
 sandbox (the reference's way), and in a scoring worker with the code sandbox under the reference's
-and under the strict rules (SCORING.md D10). Every verdict must be the same, except where the
-strict rules decide otherwise on purpose (a test program that exits itself).
+and under the strict rules (SCORING.md D10). Every verdict must be the same.
 
 evalplus cases fork a child each (about 0.1 s, 1 s for the time-limit case), so they stay limited
 to the table rows; python_tests timeouts are kept small.
@@ -183,8 +182,6 @@ def test_d2_documents_the_reference_behaviour():
 @pytest.mark.parametrize("status, correct", [(3, False), (0, True)])
 def test_exit_status_decides(status, correct, code_score):
     record = python_tests_record(f"import sys\nsys.exit({status})")
-    if code_score.rules == "strict":
-        correct = False  # the test program ends itself before its end: no strict pass
     assert code_score(record, "def g():\n    pass") == (correct, None)
 
 
