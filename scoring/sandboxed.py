@@ -7,8 +7,9 @@ verdict:
 * python_tests, reference rules: ``python -I check.py`` in the sandbox's working directory;
   passes on exit status 0 within the timeout (SCORING.md §5.2);
 * python_tests, strict rules: the program and the tests in two processes of one run, the
-  tests calling the program remotely (:mod:`alodlm_scoring.sandbox.calls`); passes on the test
-  process's exit status 0 within the timeout;
+  tests calling the program remotely (:mod:`alodlm_scoring.sandbox.calls`); passes when the
+  test process exits with 0 and then the program process, its channel closed, ends with 0 as
+  ``check.py`` would after its tests (it can only fail here), both within the timeout;
 * evalplus, reference rules: evalplus's ``untrusted_check`` inside the sandbox (job
   ``evalplus_check``), one run per suite, exactly the reference's call;
 * evalplus, strict rules: the program's outputs as plain data (job ``evalplus_outputs``),
@@ -64,7 +65,7 @@ def python_tests(sandbox, program: str, tests: str, timeout: float, *, rules: st
                              server=calls.server_command(python),
                              files={calls.PROGRAM_FILE: program})
     _ended(result)
-    return result.status == "exited" and result.code == 0
+    return result.status == "exited" and result.code == 0 and result.server_code == 0
 
 
 def time_limits(reference_seconds: Sequence[float], min_time_limit: float,

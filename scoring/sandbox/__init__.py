@@ -72,10 +72,9 @@ class Sandbox:
         return self._zygote.missing
 
     def run_command(self, argv: Sequence[str], *, timeout: float,
-                    files: Mapping[str, str] | None = None, stdin: bytes = b"") -> Result:
+                    files: Mapping[str, str] | None = None) -> Result:
         """``exec`` ``argv`` in the sandbox (working directory holding ``files``)."""
-        return self._zygote.run(Run(timeout=timeout, argv=tuple(argv), files=dict(files or {}),
-                                    stdin=stdin))
+        return self._zygote.run(Run(timeout=timeout, argv=tuple(argv), files=dict(files or {})))
 
     def run_job(self, job: str, payload: Any, *, timeout: float,
                 server: Sequence[str] | None = None,

@@ -32,7 +32,10 @@ mutates is its own copy: the test's value does not change.
 The program never sees the test program, its frames or its expected values (they exist only in
 the test process), and the verdict is the test process's exit status, read by the host with
 ``waitpid``: 0 when the test program ran to its end (or exited itself with status 0, as
-``check.py`` would), 1 on an exception. The program's process can write anything on its end of
+``check.py`` would), 1 on an exception. Then, as ``check.py`` ends after its tests, the program
+process ends when its channel closes (Python's own shutdown: non-daemon threads are joined,
+``atexit`` runs), and a pass also needs it to exit with 0 before the deadline: a program can
+only fail itself this way, never pass. The program's process can write anything on its end of
 the channel, so the test process reads it defensively: a message is a 4-byte big-endian length
 and that many bytes of JSON, at most :data:`MAX_MESSAGE` bytes, nested at most
 ``plaindata.MAX_DEPTH`` deep; a reply must answer the request just sent (its ``id``) with exactly

@@ -24,13 +24,24 @@ Each run (:meth:`Host.run`):
    until none is left, so that whatever the program did (``setsid``, double forks, ignoring
    SIGTERM) nothing of it outlives the run, before the result goes back. Without a pid
    namespace the host is a child subreaper and kills its children until none is left.
-4. **Program process** (forked from the host). Gets descriptors 0 (the run's stdin or
-   ``/dev/null``), 1 and 2 (``/dev/null``) and 3 (the result pipe) and nothing else, leads its
-   own session, works in the working directory, sets hard resource limits, sets
+4. **Program process** (forked from the host). Gets descriptors 0, 1 and 2 (``/dev/null``)
+   and 3 (the result pipe) and nothing else, leads its own session, works in the working
+   directory, sets hard resource limits, sets
    ``PR_SET_NO_NEW_PRIVS``, drops every capability, applies Landlock (read and execute beneath
    the allowed paths, write only in its tmpfs's, no TCP, no signals or ptrace outside its
    domain), reports which mechanisms it applied, and then either ``exec``\\ s the run's command
    (with the environment allowlist) or calls a job of :mod:`alodlm_scoring.sandbox.jobs`.
+
+5. **A run with a server** (strict python_tests, :mod:`alodlm_scoring.sandbox.calls`): the host
+   also makes a socket pair and forks two program processes set up as above: the job's (the
+   test process, which gets one end as descriptor 5, works in ``/`` and may write nowhere but
+   ``/dev/null``-like devices) and then the server's (which ``exec``\ s the server command with
+   the other end as descriptor 3 and the working directory as usual). Each applies its own
+   Landlock domain, so neither can signal or trace the other, and the host's forks are not
+   dumpable, so without Landlock the server's program still cannot read the test process's
+   memory or descriptors. The host waits for the job; when it exited with 0 it gives the server
+   the rest of the deadline to end by itself (``Result.server_code``); then ``kill(-1)`` ends
+   both, as any run.
 
 A mechanism the probe run found working is *required* in every later run: if it fails to apply,
 the program is not started and the run reports ``setup_failed`` (fail closed).
@@ -59,7 +70,6 @@ RESULT_FD = 3
 _CONTROL_FD = 4
 CHANNEL_FD = 5  # a job's end of the channel to its run's server
 _DEVICES = (os.devnull, "/dev/zero", "/dev/full")
-_MAX_STDIN = 60 * 1024  # fits in a pipe buffer: written before the fork, never blocks
 _RESTORED_SIGNALS = ("SIGPIPE", "SIGXFSZ", "SIGINT", "SIGTERM", "SIGHUP", "SIGCHLD", "SIGALRM",
                      "SIGUSR1", "SIGUSR2")
 _NAMESPACES = (("mount-namespace", linux.CLONE_NEWNS), ("pid-namespace", linux.CLONE_NEWPID),
@@ -126,7 +136,6 @@ class Run:
     job: str | None = None
     payload: Any = None
     files: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    stdin: bytes = b""
     server: Sequence[str] | None = None
 
 
@@ -143,7 +152,9 @@ class JobContext:
 @dataclasses.dataclass(frozen=True)
 class Result:
     """How a run ended. ``status``: ``exited`` (``code``), ``signaled`` (``signal``),
-    ``timeout``, ``setup_failed`` or ``lost`` (the sandbox itself failed)."""
+    ``timeout``, ``setup_failed`` or ``lost`` (the sandbox itself failed). With a server:
+    ``server_code``, the server's exit status when the job exited with 0 and the server then
+    exited by itself before the deadline (``None`` otherwise: it was killed)."""
 
     status: str
     code: int | None = None
@@ -153,6 +164,7 @@ class Result:
     elapsed: float = 0.0
     mechanisms: tuple[str, ...] = ()
     error: str | None = None
+    server_code: int | None = None
 
 
 class SetupFailed(Exception):
@@ -331,17 +343,10 @@ class Host:
                 linux.unshare(linux.CLONE_NEWIPC)
         except (OSError, SetupFailed) as error:
             return Result("setup_failed", error=f"{type(error).__name__}: {error}")
-        if len(run.stdin) > _MAX_STDIN:
-            return Result("setup_failed", error="sandbox stdin is limited to 60 KiB")
         if run.server is not None and run.job is None:
             return Result("setup_failed", error="only a job can have a server")
         result_read, result_write = os.pipe()
         control_read, control_write = os.pipe()
-        stdin_read = None
-        if run.stdin:
-            stdin_read, stdin_write = os.pipe()
-            os.write(stdin_write, run.stdin)
-            os.close(stdin_write)
         channel = served = None
         if run.server is not None:
             channel, served = (end.detach() for end in socket.socketpair())
@@ -350,26 +355,31 @@ class Host:
         if program == 0:  # ---- program process (with a server: the job's, the test process)
             try:
                 _program(run, self.policy, self.jobs, self.workdir, list(mechanisms),
-                         result_write, control_write, stdin_read, channel)
+                         result_write, control_write, channel)
             finally:
                 os._exit(126)
-        for fd in (result_write, control_write, stdin_read, channel):
+        for fd in (result_write, control_write, channel):
             if fd is not None:
                 os.close(fd)
-        server_control = None
+        server_control = server = None
         if served is not None:
             server_control, server_control_write = os.pipe()
-            if os.fork() == 0:  # ---- the server's program process
+            server = os.fork()
+            if server == 0:  # ---- the server's program process
                 try:
                     _program(Run(timeout=run.timeout, argv=run.server), self.policy, self.jobs,
-                             self.workdir, list(mechanisms), served, server_control_write, None)
+                             self.workdir, list(mechanisms), served, server_control_write)
                 finally:
                     os._exit(126)
             os.close(served)
             os.close(server_control_write)
+        deadline = time.monotonic() + max(run.timeout, 0.0)
+        server_code = None
         try:
             output, truncated, wait_status, timed_out = self._collect(
                 program, result_read, run.timeout, max_output)
+            if server is not None and not timed_out and wait_status == 0:
+                server_code = _exit_code(server, deadline)  # it ends as its channel closed
         finally:
             self._end_everything()
             os.close(result_read)
@@ -379,8 +389,9 @@ class Host:
             if failed:  # the job's own verdict means nothing without its server
                 return Result("setup_failed", error="server: " + failed[0]["setup_error"],
                               elapsed=time.monotonic() - started)
-        return _result(reports, wait_status, timed_out, output, truncated,
-                       time.monotonic() - started)
+        result = _result(reports, wait_status, timed_out, output, truncated,
+                         time.monotonic() - started)
+        return dataclasses.replace(result, server_code=server_code)
 
     def _collect(self, program: int, result_read: int, timeout: float,
                  max_output: int) -> tuple[bytes, bool, int | None, bool]:
@@ -445,6 +456,19 @@ class Host:
                     pass
             except ChildProcessError:
                 return
+
+
+def _exit_code(pid: int, deadline: float) -> int | None:
+    """``pid``'s exit status if it exits by itself before ``deadline``, else ``None``."""
+    pidfd = os.pidfd_open(pid)
+    try:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([pidfd], [], [], remaining)[0]:
+            return None
+    finally:
+        os.close(pidfd)
+    _, status = os.waitpid(pid, 0)
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
 
 
 _ASIDE = "/.alodlm-below-tmp"
@@ -540,7 +564,7 @@ def _limits(policy: Policy) -> dict[int, int]:
 
 def _program(run: Run, policy: Policy, jobs: Mapping[str, Callable], workdir: str,
              mechanisms: list[str], result_write: int, control_write: int,
-             stdin_read: int | None, channel: int | None = None) -> None:
+             channel: int | None = None) -> None:
     """A program process. With a ``channel`` it is a server's client (the test process of
     strict python_tests): it works in ``/`` and may write nowhere but the harmless devices, so
     that nothing the server's program writes is where it reads, and nothing it holds is where
@@ -548,7 +572,7 @@ def _program(run: Run, policy: Policy, jobs: Mapping[str, Callable], workdir: st
     try:
         os.setsid()
         null = os.open(os.devnull, os.O_RDWR)
-        os.dup2(stdin_read if stdin_read is not None else null, 0)
+        os.dup2(null, 0)
         os.dup2(null, 1)
         os.dup2(null, 2)
         os.dup2(result_write, RESULT_FD)

@@ -49,8 +49,8 @@ def _alodlm_serve(plaindata, channel=3, path="program.py"):
         parts = []
         while size:
             chunk = os.read(channel, min(size, 1 << 20))
-            if not chunk:
-                os._exit(0)  # the test process is done
+            if not chunk:  # the test process is done: end as check.py ends after its tests
+                raise SystemExit(0)
             parts.append(chunk)
             size -= len(chunk)
         return b"".join(parts)
