@@ -83,12 +83,13 @@ def _alodlm_serve(plaindata, channel=3, path="program.py"):
         else:
             names[name] = as_data(value)
     send({"ready": names})
-    # The calls run this many frames below the module level: check.py's statements call from
-    # frame 1, so the limit grows by the difference.
+    # The calls start this many frames deep, check.py's from its module level (one frame): the
+    # limit grows by the difference, so recursion fails where it would in check.py.
     depth, frame = 0, sys._getframe()
     while frame is not None:
         depth, frame = depth + 1, frame.f_back
-    sys.setrecursionlimit(sys.getrecursionlimit() + depth)
+    sys.setrecursionlimit(sys.getrecursionlimit() + depth - 1)
+    unary = {"iter": iter, "next": next, "len": len, "bool": bool, "str": str, "repr": repr}
     while True:
         request = loads(exactly(header.unpack(exactly(header.size))[0]))
         number = request["id"]
@@ -100,18 +101,8 @@ def _alodlm_serve(plaindata, channel=3, path="program.py"):
                                 **decode(request["kwargs"], resolve=resolve))
             elif operation == "getattr":
                 result = getattr(target, request["name"])
-            elif operation == "iter":
-                result = iter(target)
-            elif operation == "next":
-                result = next(target)
-            elif operation == "len":
-                result = len(target)
-            elif operation == "bool":
-                result = bool(target)
-            elif operation == "str":
-                result = str(target)
-            elif operation == "repr":
-                result = repr(target)
+            elif operation in unary:
+                result = unary[operation](target)
             elif operation == "getitem":
                 result = target[decode(request["key"], resolve=resolve)]
             elif operation == "contains":

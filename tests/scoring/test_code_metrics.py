@@ -134,6 +134,10 @@ SPLIT_CASES = [
     ("thread_left_running", "import threading, time\n"
      "threading.Thread(target=time.sleep, args=(60,)).start()\ndef f():\n    return 1\n",
      "assert f() == 1", False),
+    ("recursion_up_to_the_limit", "def depth(n):\n    return 1 if n == 0 else 1 + depth(n - 1)\n",
+     "assert depth(998) == 999", True),
+    ("recursion_past_the_limit", "def depth(n):\n    return 1 if n == 0 else 1 + depth(n - 1)\n",
+     "assert depth(999) == 1000", False),
     ("setup_code_in_the_tests", "def largest(items):\n    return max(items)\n",
      "numbers = [4, 9, 2]\nassert largest(numbers) == 9", True),
 ]
