@@ -37,10 +37,9 @@ The call channel of strict python_tests (:mod:`alodlm_scoring.sandbox.calls`) ad
 from __future__ import annotations
 
 import collections
-import decimal
-import fractions
 import json
 import math
+import sys
 from typing import Any, Callable
 
 __all__ = ["Unrepresentable", "encode", "decode", "dumps", "loads", "MAX_DEPTH", "MAX_ITEMS"]
@@ -119,9 +118,12 @@ def _encode(value: Any, depth: int, budget: _Budget) -> Any:
     if kind is complex:
         return {"complex": [complex.__getattribute__(value, "real"),
                             complex.__getattribute__(value, "imag")]}
-    if kind is fractions.Fraction:
+    # A Fraction or a Decimal exists only once its module is imported (not imported here: the
+    # program process of strict python_tests starts faster without them).
+    fractions, decimal = sys.modules.get("fractions"), sys.modules.get("decimal")
+    if fractions is not None and kind is fractions.Fraction:
         return {"fraction": [int(value.numerator), int(value.denominator)]}
-    if kind is decimal.Decimal:
+    if decimal is not None and kind is decimal.Decimal:
         return {"decimal": decimal.Decimal.__str__(value)}
     numpy_form = _encode_numpy(value, kind, depth, budget)
     if numpy_form is not None:
@@ -227,8 +229,7 @@ def _decode(data: Any, depth: int, budget: _Budget) -> Any:
         return _decode_tagged(tag, body, depth, budget)
     except Unrepresentable:
         raise
-    except (TypeError, ValueError, OverflowError, decimal.InvalidOperation,
-            ZeroDivisionError) as error:
+    except (TypeError, ValueError, ArithmeticError) as error:
         raise Unrepresentable(f"malformed {tag!r} value: {error}") from None
 
 
@@ -259,10 +260,14 @@ def _decode_tagged(tag: str, body: Any, depth: int, budget: _Budget) -> Any:
         return complex(real, imag)
     if tag == "fraction":
         numerator, denominator = _numbers(body, 2, integers=True)
+        import fractions
+
         return fractions.Fraction(numerator, denominator)
     if tag == "decimal":
         if type(body) is not str:
             raise Unrepresentable("malformed decimal")
+        import decimal
+
         return decimal.Decimal(body)
     if tag == "numpy":
         import numpy

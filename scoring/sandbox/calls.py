@@ -53,10 +53,12 @@ ref]}}}`` once, then one reply per request: ``{"id": n, "value": <plain data>}``
 
 from __future__ import annotations
 
+import base64
 import builtins
 import functools
 import importlib
 import json
+import marshal
 import os
 import struct
 import sys
@@ -85,16 +87,22 @@ class ProgramError(Exception):
 
 @functools.lru_cache(maxsize=None)
 def server_command(python: str) -> tuple[str, ...]:
-    """The program process's command: :mod:`.program_server` after the plain-data module, as
-    one ``-c`` text (standard library only)."""
+    """The program process's command: :mod:`.program_server` with the plain-data module, as one
+    ``-c`` text (standard library only). Both are compiled here, once per worker, and travel as
+    marshalled code (the sandbox runs the same interpreter), so a run does not compile them."""
     here = os.path.dirname(os.path.abspath(__file__))
-    with open(os.path.join(os.path.dirname(here), "plaindata.py")) as handle:
-        plaindata_source = handle.read()
-    with open(os.path.join(here, "program_server.py")) as handle:
-        server_source = handle.read()
-    text = (f"{server_source}\n"
+    codes = []
+    for path in (os.path.join(os.path.dirname(here), "plaindata.py"),
+                 os.path.join(here, "program_server.py")):
+        with open(path) as handle:
+            codes.append(compile(handle.read(), os.path.basename(path), "exec",
+                                 dont_inherit=True))
+    packed = base64.b64encode(marshal.dumps(tuple(codes))).decode("ascii")
+    text = ("import binascii, marshal, types\n"
+            f"_alodlm_codes = marshal.loads(binascii.a2b_base64('{packed}'))\n"
             "_alodlm_plaindata = types.ModuleType('_alodlm_plaindata')\n"
-            f"exec({plaindata_source!r}, _alodlm_plaindata.__dict__)\n"
+            "exec(_alodlm_codes[0], _alodlm_plaindata.__dict__)\n"
+            "exec(_alodlm_codes[1])\n"
             f"_alodlm_serve(_alodlm_plaindata, path={PROGRAM_FILE!r})\n")
     return (python, "-I", "-c", text)
 

@@ -33,10 +33,10 @@ Each run (:meth:`Host.run`):
    (with the environment allowlist) or calls a job of :mod:`alodlm_scoring.sandbox.jobs`.
 
 5. **A run with a server** (strict python_tests, :mod:`alodlm_scoring.sandbox.calls`): the host
-   also makes a socket pair and forks two program processes set up as above: the job's (the
-   test process, which gets one end as descriptor 5, works in ``/`` and may write nowhere but
-   ``/dev/null``-like devices) and then the server's (which ``exec``\ s the server command with
-   the other end as descriptor 3 and the working directory as usual). Each applies its own
+   also makes a socket pair and forks two program processes set up as above: the server's
+   (which ``exec``\ s the server command with one end as descriptor 3 and the working directory
+   as usual) and then the job's (the test process, which gets the other end as descriptor 5,
+   works in ``/`` and may write nowhere but ``/dev/null``-like devices). Each applies its own
    Landlock domain, so neither can signal or trace the other, and the host's forks are not
    dumpable, so without Landlock the server's program still cannot read the test process's
    memory or descriptors. The host waits for the job; when it exited with 0 it gives the server
@@ -50,6 +50,7 @@ the program is not started and the run reports ``setup_failed`` (fail closed).
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import resource
@@ -345,24 +346,10 @@ class Host:
             return Result("setup_failed", error=f"{type(error).__name__}: {error}")
         if run.server is not None and run.job is None:
             return Result("setup_failed", error="only a job can have a server")
-        result_read, result_write = os.pipe()
-        control_read, control_write = os.pipe()
-        channel = served = None
-        if run.server is not None:
-            channel, served = (end.detach() for end in socket.socketpair())
         mechanisms = self.mechanisms + fresh
-        program = os.fork()
-        if program == 0:  # ---- program process (with a server: the job's, the test process)
-            try:
-                _program(run, self.policy, self.jobs, self.workdir, list(mechanisms),
-                         result_write, control_write, channel)
-            finally:
-                os._exit(126)
-        for fd in (result_write, control_write, channel):
-            if fd is not None:
-                os.close(fd)
-        server_control = server = None
-        if served is not None:
+        channel = server_control = server = None
+        if run.server is not None:  # first: its interpreter starts while the job's process forks
+            channel, served = (end.detach() for end in socket.socketpair())
             server_control, server_control_write = os.pipe()
             server = os.fork()
             if server == 0:  # ---- the server's program process
@@ -373,6 +360,18 @@ class Host:
                     os._exit(126)
             os.close(served)
             os.close(server_control_write)
+        result_read, result_write = os.pipe()
+        control_read, control_write = os.pipe()
+        program = os.fork()
+        if program == 0:  # ---- program process (with a server: the job's, the test process)
+            try:
+                _program(run, self.policy, self.jobs, self.workdir, list(mechanisms),
+                         result_write, control_write, channel)
+            finally:
+                os._exit(126)
+        for fd in (result_write, control_write, channel):
+            if fd is not None:
+                os.close(fd)
         deadline = time.monotonic() + max(run.timeout, 0.0)
         server_code = None
         try:
@@ -571,6 +570,11 @@ def _program(run: Run, policy: Policy, jobs: Mapping[str, Callable], workdir: st
     the server's program may write."""
     try:
         os.setsid()
+        # Out of the way of the numbers they get below, whatever numbers the host gave them.
+        result_write, control_write = (fcntl.fcntl(fd, fcntl.F_DUPFD, 10)
+                                       for fd in (result_write, control_write))
+        if channel is not None:
+            channel = fcntl.fcntl(channel, fcntl.F_DUPFD, 10)
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 0)
         os.dup2(null, 1)
