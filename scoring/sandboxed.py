@@ -61,7 +61,8 @@ def python_tests(sandbox, program: str, tests: str, timeout: float, *, rules: st
         return False
     from .sandbox import calls
 
-    result = sandbox.run_job("python_tests", {"tests": tests}, timeout=timeout,
+    payload = {"tests": tests, "flags": strict.future_flags(program)}
+    result = sandbox.run_job("python_tests", payload, timeout=timeout,
                              server=calls.server_command(python),
                              files={calls.PROGRAM_FILE: program})
     _ended(result)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import ast
 from typing import Any, Sequence
 
-__all__ = ["tests_intact", "evalplus_passes", "root_residual_outputs", "Output", "OPAQUE"]
+__all__ = ["tests_intact", "future_flags", "evalplus_passes", "root_residual_outputs", "Output", "OPAQUE"]
 
 # (True, value) for a returned value; (False, reason) for a timeout or an exception.
 Output = tuple
@@ -62,6 +62,27 @@ def tests_intact(program: str, tests: str) -> bool:
     dump = ast.dump
     return all(dump(mine) == dump(theirs)
                for mine, theirs in zip(combined.body, own.body + alone.body))
+
+
+def future_flags(program: str) -> int:
+    """The compiler flags of the program's ``from __future__`` imports, which in ``check.py``
+    apply to the tests too (0 when the program does not parse)."""
+    import __future__
+
+    try:
+        body = ast.parse(program + "\n").body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return 0
+    flags = 0
+    for statement in body:
+        if not (isinstance(statement, ast.ImportFrom) and statement.module == "__future__"):
+            if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant):
+                continue  # a docstring may come first
+            break
+        for alias in statement.names:
+            feature = getattr(__future__, alias.name, None)
+            flags |= getattr(feature, "compiler_flag", 0)
+    return flags
 
 
 def root_residual_outputs(inputs: Sequence[Sequence[Any]], outputs: Sequence[Output],

@@ -301,9 +301,11 @@ def _namespace(channel: _Channel, ready: Any) -> dict:
     return namespace
 
 
-def run_tests(tests: str, channel_fd: int, read_paths: Sequence[str]) -> NoReturn:
-    """The test process: wait for the program's names, run ``tests`` with them, and exit with
-    the test program's status (0: it ran to its end)."""
+def run_tests(tests: str, channel_fd: int, read_paths: Sequence[str], *,
+              flags: int = 0) -> NoReturn:
+    """The test process: wait for the program's names, run ``tests`` (compiled with the
+    program's ``__future__`` ``flags``, as in ``check.py``) with them, and exit with the test
+    program's status (0: it ran to its end)."""
     sys.path[:] = _trusted_path(read_paths)
     sys.path_importer_cache.clear()
     sys.set_int_max_str_digits(0)
@@ -317,7 +319,7 @@ def run_tests(tests: str, channel_fd: int, read_paths: Sequence[str]) -> NoRetur
     main.__dict__.update(namespace)
     sys.modules["__main__"] = main
     try:
-        code = compile(tests, "check.py", "exec", dont_inherit=True)
+        code = compile(tests, "check.py", "exec", flags, dont_inherit=True)
         exec(code, main.__dict__)
     except SystemExit as exit_:
         os._exit(_exit_status(exit_.code))

@@ -130,7 +130,8 @@ def groundtruth(payload: dict, context: JobContext) -> None:
 
 def python_tests(payload: dict, context: JobContext) -> None:
     """:func:`calls.run_tests` (it never returns: the exit status is the verdict)."""
-    calls.run_tests(payload["tests"], context.channel_fd, context.read_paths)
+    calls.run_tests(payload["tests"], context.channel_fd, context.read_paths,
+                    flags=payload["flags"])
 
 
 JOBS = {

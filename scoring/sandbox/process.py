@@ -26,15 +26,14 @@ Each run (:meth:`Host.run`):
    namespace the host is a child subreaper and kills its children until none is left.
 4. **Program process** (forked from the host). Gets descriptors 0, 1 and 2 (``/dev/null``)
    and 3 (the result pipe) and nothing else, leads its own session, works in the working
-   directory, sets hard resource limits, sets
-   ``PR_SET_NO_NEW_PRIVS``, drops every capability, applies Landlock (read and execute beneath
-   the allowed paths, write only in its tmpfs's, no TCP, no signals or ptrace outside its
-   domain), reports which mechanisms it applied, and then either ``exec``\\ s the run's command
-   (with the environment allowlist) or calls a job of :mod:`alodlm_scoring.sandbox.jobs`.
-
+   directory, sets hard resource limits, sets ``PR_SET_NO_NEW_PRIVS``, drops every capability,
+   applies Landlock (read and execute beneath the allowed paths, write only in its tmpfs's, no
+   TCP, no signals or ptrace outside its domain), reports which mechanisms it applied, and then
+   either ``exec``\\ s the run's command (with the environment allowlist) or calls a job of
+   :mod:`alodlm_scoring.sandbox.jobs`.
 5. **A run with a server** (strict python_tests, :mod:`alodlm_scoring.sandbox.calls`): the host
    also makes a socket pair and forks two program processes set up as above: the server's
-   (which ``exec``\ s the server command with one end as descriptor 3 and the working directory
+   (which ``exec``\\ s the server command with one end as descriptor 3 and the working directory
    as usual) and then the job's (the test process, which gets the other end as descriptor 5,
    works in ``/`` and may write nowhere but ``/dev/null``-like devices). Each applies its own
    Landlock domain, so neither can signal or trace the other, and the host's forks are not
@@ -129,8 +128,8 @@ class Run:
 
     A job may have a ``server``: a command run beside it, as a second program process of the
     same run, with one end of a socket pair as its descriptor 3 and the other end as the job's
-    :attr:`JobContext.channel_fd`. The run's result is the job's; the server is killed when the
-    job ends (see :meth:`Host.run`)."""
+    :attr:`JobContext.channel_fd`. The run's result is the job's, with the server's own exit
+    status (:attr:`Result.server_code`) when it ended by itself after the job."""
 
     timeout: float
     argv: Sequence[str] | None = None

@@ -138,6 +138,8 @@ SPLIT_CASES = [
      "assert depth(998) == 999", True),
     ("recursion_past_the_limit", "def depth(n):\n    return 1 if n == 0 else 1 + depth(n - 1)\n",
      "assert depth(999) == 1000", False),
+    ("future_import_of_the_program", "from __future__ import annotations\ndef f():\n    return 1\n",
+     "def g(x: Undefined) -> int:\n    return f()\nassert g(0) == 1", True),
     ("setup_code_in_the_tests", "def largest(items):\n    return max(items)\n",
      "numbers = [4, 9, 2]\nassert largest(numbers) == 9", True),
 ]
