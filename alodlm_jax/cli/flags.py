@@ -45,7 +45,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         UnicodeDecodeError,
     ]
     try:
-        from alodlm_scoring.isolation import WorkerError
+        from alodlm_scoring.pool import WorkerError
 
         errors.append(WorkerError)
     except ImportError:  # pragma: no cover
