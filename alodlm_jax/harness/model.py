@@ -29,7 +29,9 @@ Per-request counters: lm-eval logs a request's ``arguments`` with each sample (`
 each request's arguments get a third element, ``{"alodlm_jax": record}`` (``arg_2`` in the samples
 file): :data:`RECORD_KEYS` — the §6.6 result fields except the text (generated ids, exit depths,
 passes, windows, timings, stop reason), tokens per window, the request's budget and engine stop
-ids, the until string that ended the answer and the full decoded text before the cut. The text a
+ids, ``cut_at`` (the until string at which this model cut the generation; None when the engine
+itself stopped, on a stop id or an until token, ``stop_reason`` ``eos``, or at the budget), and
+the full decoded text before the cut. The text a
 metric sees is the answer alone. With ``--use_cache`` the answer is also stored under the
 request's original arguments (lm-eval's partial-cache hook), so a rerun finds it; a request
 answered from the cache has no record.
@@ -152,7 +154,7 @@ class AlodlmJaxLM(LM):
                   disable=disable_tqdm) as bar:
             for plan, keys in groups.items():
                 generator = generators[plan]
-                rule = until_rule(plan.until, generator.encode_verbatim)
+                rule = _until_rule(plan, generator)
                 prompts = [unique[key].args[0] for key in keys]
                 if generator.batch_size > 1:
                     results = generator.generate_stream(prompts)
@@ -175,7 +177,7 @@ class AlodlmJaxLM(LM):
             max_gen_toks=plan.max_gen_toks,
             engine_stop_ids=list(generator.stop_ids),
             until=list(plan.until),
-            ended_by=ended,
+            cut_at=ended,
             answer_tokens=kept,
             generated_text=result["text"],
         )
@@ -215,7 +217,7 @@ class AlodlmJaxLM(LM):
             from alodlm_jax.decode.compiled import STOP_ID_SLOTS  # the engines' stop-id capacity
 
             base = self.generator
-            rule = until_rule(plan.until, base.encode_verbatim)
+            rule = _until_rule(plan, base)
             stop_ids = rule.engine_stop_ids(base.stop_ids, max(STOP_ID_SLOTS, len(base.stop_ids)))
             decode = dataclasses.replace(self.decode, max_new_tokens=plan.max_gen_toks)
             if decode == self.decode and stop_ids == list(base.stop_ids):
@@ -223,6 +225,11 @@ class AlodlmJaxLM(LM):
             else:
                 self._generators[plan] = base.with_decode_config(decode, stop_ids=stop_ids)
         return self._generators[plan]
+
+
+def _until_rule(plan: _Plan, generator) -> UntilRule:
+    return until_rule(plan.until, generator.encode_verbatim,
+                      lambda token: generator.tokenizer.decode([token], skip_special_tokens=False))
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:

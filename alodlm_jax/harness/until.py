@@ -5,8 +5,9 @@ lm-eval's ``generate_until`` requests carry ``until`` (stop strings) and ``max_g
 answer a request gets (:meth:`UntilRule.finish`):
 
 1. the generated ids are cut *before* the first token that is, on its own, one of the until
-   strings (an *until token*: the string tokenizes verbatim to exactly that one id; special
-   tokens such as ``<|im_end|>`` included, whose text the decoded answer would not show);
+   strings (an *until token*: the string tokenizes verbatim to exactly that one id, whose text
+   is the string; special tokens such as ``<|im_end|>`` included, whose text the decoded answer
+   would not show; an unknown word that becomes ``<unk>`` is not one);
 2. the rest is decoded as every result's ``text`` is (special tokens skipped);
 3. the text is cut at the first occurrence of any until string (lm-eval's ``split(term)[0]``
    for each term; empty strings are ignored, as lm-eval's Hugging Face model ignores them).
@@ -75,10 +76,11 @@ class UntilRule:
         return text[:where], ended, kept
 
 
-def until_rule(until: Sequence[str], encode: Callable[[str], Sequence[int]]) -> UntilRule:
-    """The rule of a request's until strings; ``encode`` tokenizes verbatim (no special tokens
-    added), as prompts are."""
+def until_rule(until: Sequence[str], encode: Callable[[str], Sequence[int]],
+               token_text: Callable[[int], str]) -> UntilRule:
+    """The rule of a request's until strings. ``encode`` tokenizes verbatim (no special tokens
+    added), as prompts are; ``token_text`` is one id's text, special tokens included."""
     strings = tuple(dict.fromkeys(term for term in until if term))
     encoded = [(term, list(encode(term))) for term in strings]
-    return UntilRule(strings=strings,
-                     tokens=tuple((term, ids[0]) for term, ids in encoded if len(ids) == 1))
+    return UntilRule(strings=strings, tokens=tuple(
+        (term, ids[0]) for term, ids in encoded if len(ids) == 1 and token_text(ids[0]) == term))
