@@ -3,7 +3,8 @@ score it, or rescore existing local predictions without loading a model (--predi
 
 Writes predictions.jsonl (one line per task, in task order) and summary.json (per-benchmark
 percent scores, their unweighted macro average, suite wall time and tokens per second, and a
-protocol block) into --output, and prints the summary. Non-code metrics are scored in this process;
+protocol block) into --output, and ends with a short table: per-benchmark scores, the macro score,
+tokens per second and the output files (--print_summary_json prints summary.json's JSON instead). Non-code metrics are scored in this process;
 code metrics in a pool of fresh Python interpreters (--workers). Rescore mode never imports JAX.
 """
 
@@ -56,6 +57,10 @@ flags.DEFINE_boolean("math_in_workers", True, "Rescore mode with --workers > 1: 
 flags.DEFINE_boolean("overlap_scoring", False, "Generate mode: score code tasks in the pool "
                      "while later tasks are generated. Off by default so that scoring never "
                      "competes with the timed generation for the CPU.", flag_values=FLAGS)
+flags.DEFINE_boolean("print_summary_json", False, "End by printing summary.json's JSON on stdout "
+                     "(the reference's output; the closing table then goes to stderr) instead "
+                     "of the table of per-benchmark scores, macro score, tokens/s and output "
+                     "files.", flag_values=FLAGS)
 flags.DEFINE_boolean("resume", False, "Continue an interrupted run in --output: keep its "
                      "predictions.jsonl rows (checked against the tasks), drop a torn last line, "
                      "score the rest; the files equal an uninterrupted run's.", flag_values=FLAGS)
@@ -139,26 +144,6 @@ class ProgressReporter:
     def _line(self, text: str) -> None:
         self.stream.write(f"{PROG}: {text}\n")
         self.stream.flush()
-
-
-def benchmark_table(summary: Mapping[str, Any]) -> str:
-    """A short per-benchmark table for stderr."""
-    rows = [("benchmark", "examples", "correct", "score %", "tokens/s")]
-    for name, values in summary["benchmarks"].items():
-        rows.append((str(name), str(values["examples"]), str(values["correct"]),
-                     f"{values['score_percent']:.2f}", f"{values['tokens_per_second']:.1f}"))
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
-    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
-                       for i, (cell, w) in enumerate(zip(row, widths))) for row in rows]
-    lines.append(
-        f"macro over {summary['benchmark_count']} benchmark(s): "
-        f"{summary['macro_score_percent']:.2f} %; suite wall {summary['suite_wall_seconds']:.3f} s; "
-        f"{summary['suite_tokens_per_second']:.1f} tokens/s"
-    )
-    failures = summary.get("protocol", {}).get("scoring_failures") or []
-    if failures:
-        lines.append(f"{len(failures)} task(s) scored incorrect by a scoring failure (see protocol)")
-    return "\n".join(lines) + "\n"
 
 
 # --------------------------------------------------------------------------------------------
@@ -366,10 +351,27 @@ def _evaluate() -> int:
         summary = _rescore_mode(tasks, state, progress)
     else:
         summary = _generate_mode(tasks, state, decode, progress)
-    sys.stderr.write(benchmark_table(summary))
-    sys.stderr.flush()
-    print(json.dumps(summary, indent=2), flush=True)
+    from alodlm_scoring.summary_table import summary_table
+
+    table = summary_table(summary, _output_files(state))
+    if FLAGS.print_summary_json:  # the reference's stdout: the summary's JSON
+        sys.stderr.write(table)
+        sys.stderr.flush()
+        print(json.dumps(summary, indent=2), flush=True)
+    else:
+        sys.stdout.write(table)
+        sys.stdout.flush()
     return 0
+
+
+def _output_files(state) -> list[str]:
+    """The files the closing table names: this run's predictions and summary (a multi-process
+    run's coordinator: the merged ones; another process: its shard's)."""
+    from alodlm_scoring.evaluation import PREDICTIONS_FILE, SUMMARY_FILE
+
+    if _process_info is not None and not _process_info.is_coordinator:
+        return [state.predictions_path, state.summary_path]
+    return [os.path.join(FLAGS.output, PREDICTIONS_FILE), os.path.join(FLAGS.output, SUMMARY_FILE)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
