@@ -25,16 +25,18 @@ request is decoded. Decoding is greedy: ``do_sample=True`` is refused, other sam
 are ignored with a warning.
 
 Per-request counters: lm-eval logs a request's ``arguments`` with each sample (``--log_samples``:
-``arguments.gen_args_0.arg_0`` is the prompt, ``arg_1`` the generation settings), so after decoding
-each request's arguments get a third element, ``{"alodlm_jax": record}`` (``arg_2`` in the samples
-file): :data:`RECORD_KEYS` — the §6.6 result fields except the text (generated ids, exit depths,
-passes, windows, timings, stop reason), tokens per window, the request's budget and engine stop
-ids, ``cut_at`` (the until string at which this model cut the generation; None when the engine
-itself stopped, on a stop id or an until token, ``stop_reason`` ``eos``, or at the budget), and
-the full decoded text before the cut. The text a
-metric sees is the answer alone. With ``--use_cache`` the answer is also stored under the
-request's original arguments (lm-eval's partial-cache hook), so a rerun finds it; a request
-answered from the cache has no record.
+``arguments.gen_args_0.arg_0`` is the prompt, ``arg_1`` the generation settings), and nothing
+else of a request that a model can set reaches the samples file (``resps`` are turned into
+strings), so after decoding each request's arguments get a third element,
+``{"alodlm_jax": record}`` (``arg_2`` in the samples file): the §6.6 result fields except the
+text (generated ids, exit depths, passes, windows, timings, stop reason), tokens per window, the
+request's budget, engine stop ids and until strings, ``cut_at`` (the until string at which this
+model cut the generation; None when the engine itself stopped, on a stop id or an until token,
+``stop_reason`` ``eos``, or at the budget), the number of ids the answer keeps and the full
+decoded text before the cut. The text a metric sees is the answer alone. lm-eval's
+``--use_cache`` stores answers under the arguments as they are after the call; so that a rerun
+finds them, each answer is also stored under the request's original arguments (lm-eval's
+partial-cache hook). A request answered from the cache has no record.
 
 ``loglikelihood`` and ``loglikelihood_rolling`` are refused (:class:`UnsupportedRequestError`): a
 diffusion decoder has no left-to-right likelihood of a given continuation.
