@@ -16,24 +16,36 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
+from alodlm_jax.harness import MODEL_NAME
+
 PROG = "alodlm-jax-lm-eval"
 
 
-def _given(argv: Sequence[str], *names: str) -> bool:
-    return any(arg in names or arg.split("=", 1)[0] in names for arg in argv)
+def _value(argv: Sequence[str], *names: str) -> str | None:
+    """The value of the last of ``names`` in ``argv`` (``--flag value`` or ``--flag=value``)."""
+    found = None
+    for index, arg in enumerate(argv):
+        name, sep, value = arg.partition("=")
+        if name in names:
+            found = value if sep else (argv[index + 1] if index + 1 < len(argv) else "")
+    return found
 
 
 def with_our_defaults(argv: list[str]) -> list[str]:
-    """``argv`` of a run with ``--model alodlm-jax`` when it names no model, and ``--device auto``
-    when it names no device (lm-eval's default device, ``cuda:0``, would override the model's
-    own default: a GPU when JAX sees one, else the CPU)."""
+    """``argv`` of a run with ``--model alodlm-jax`` when it names no model and, for our model,
+    ``--device auto`` when it names no device (lm-eval's default device, ``cuda:0``, would
+    override the model's own default: a GPU when JAX sees one, else the CPU). A run with
+    ``--config`` (whose file may name both) is left as it is."""
     commands = ("run", "ls", "validate")
     if len(argv) < 2 or argv[1] in ("-h", "--help") or (argv[1] in commands and argv[1] != "run"):
         return argv
+    if _value(argv[1:], "--config", "-C") is not None:
+        return argv
     argv = list(argv)
-    if not _given(argv[1:], "--model", "-M"):
-        argv += ["--model", "alodlm-jax"]
-    if not _given(argv[1:], "--device"):
+    model = _value(argv[1:], "--model", "-M")
+    if model is None:
+        argv += ["--model", MODEL_NAME]
+    if (model is None or model == MODEL_NAME) and _value(argv[1:], "--device") is None:
         argv += ["--device", "auto"]
     return argv
 

@@ -12,3 +12,5 @@ The command ``alodlm-jax-lm-eval`` (:mod:`alodlm_jax.cli.lm_eval`) is lm-eval's 
 with this model registered. Importing this package imports neither lm-eval nor JAX, and nothing
 else in the project imports :mod:`.model` (the base install works without lm-eval).
 """
+
+MODEL_NAME = "alodlm-jax"  # the name the model is registered under in lm-eval

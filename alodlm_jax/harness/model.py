@@ -52,12 +52,12 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from lm_eval.models.utils import normalize_gen_kwargs
 
+from alodlm_jax.harness import MODEL_NAME
 from alodlm_jax.harness import model_args as margs
 from alodlm_jax.harness.errors import HarnessError, UnsupportedRequestError
 from alodlm_jax.harness.until import UntilRule, until_rule
 
 LOG = logging.getLogger(__name__)
-MODEL_NAME = "alodlm-jax"
 RECORD_KEY = "alodlm_jax"
 # The settings of a request this decoder honours; any other generation setting is ignored.
 HONOURED_GEN_KWARGS = ("until", "max_gen_toks", "do_sample", "temperature")
@@ -241,10 +241,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 
 def _one_line(error: BaseException) -> str:
-    text = str(error).strip() or type(error).__name__
-    if isinstance(error, KeyError) and len(error.args) == 1:
-        text = f"missing key {error.args[0]!r}"
-    return text.splitlines()[0]
+    from alodlm_jax.cli.flags import first_line
+
+    return first_line(error)
 
 
 def _where(request) -> str:

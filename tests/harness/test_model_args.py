@@ -67,3 +67,18 @@ def test_lm_eval_settings_yield_at_their_defaults_and_clash_otherwise():
     assert with_lm_eval_settings(args, {"batch_size": "4"}) == args
     with pytest.raises(ModelArgsError, match="model_args device='cpu' and lm-eval's --device"):
         with_lm_eval_settings(args, {"device": "cuda:0"})
+
+
+@pytest.mark.parametrize("argv, added", [
+    (["--tasks", "t"], ["--model", "alodlm-jax", "--device", "auto"]),
+    (["run", "--tasks", "t", "--device=cpu"], ["--model", "alodlm-jax"]),
+    (["--tasks", "t", "--model", "alodlm-jax", "--device", "cuda:0"], []),
+    (["--tasks", "t", "-M", "hf"], []),  # another lm-eval model keeps lm-eval's defaults
+    (["--tasks", "t", "--model=alodlm-jax"], ["--device", "auto"]),
+    (["--config", "c.yaml"], []),
+    (["ls", "tasks"], []),
+])
+def test_command_defaults_to_our_model_and_its_device(argv, added):
+    from alodlm_jax.cli.lm_eval import with_our_defaults
+
+    assert with_our_defaults(["prog", *argv]) == ["prog", *argv, *added]
