@@ -66,7 +66,8 @@ def run_processes(args: dict, num_processes: int, devices: int = 1, timeout: int
     port = free_port()
     command = [sys.executable, "-m", "alodlm_jax.cli.evaluate", "--model", args["model"], "--input",
                args["tasks"], "--output", args["output"], "--device", "cpu", "--precision", "fp32",
-               "--workers", "1", "--q", "1.0", "--tau", "1.0", "--window_size", "4", "--max_new_tokens", "16"]
+               "--workers", "1", "--q", "1.0", "--tau", "1.0", "--window_size", "4", "--max_new_tokens", "16",
+               "--print_summary_json"]
     if args.get("mesh"):
         command += ["--mesh", args["mesh"]]
     if args.get("split"):
