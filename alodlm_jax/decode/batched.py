@@ -1,22 +1,33 @@
 """Batched compiled decoding: ``B`` request slots advance together in one XLA program.
 
 Each slot keeps its own window state (:class:`~alodlm_jax.decode.state.DecodeState`), its own
-window in progress and its own KV cache, all with a leading batch axis (:class:`Slots`), and the
-per-request functions of :mod:`alodlm_jax.decode.compiled` are ``jax.vmap``-ed over it, so every
-matrix product sees the rows of all slots at once. The program is one ``lax.while_loop`` of
-*steps*; a step runs exactly one recurrent pass for every live request, each at its own depth:
+window in progress and its own KV cache, all with a leading batch axis (:class:`Slots`). The
+program is one ``lax.while_loop`` of *steps*; a step (:func:`_step`) runs exactly one recurrent
+pass for every live request, each at its own depth, and does only the work its live requests
+need:
 
-1. requests whose window is not open yet run its embedding and prelude (the others' prelude rows
-   are computed and discarded: their K/V go to the cache's scratch slots, ``Bucket.scratch_start``);
-2. every live request runs one pass of its window (§6.4) at its own depth;
-3. requests whose window stopped close it (cache completion, §6.5 bookkeeping, the next window's
-   top-up) and pack their next window, which opens at the next step.
+1. the windows that open this step run their embedding and prelude; only their valid rows are
+   computed (none at all when no window opens);
+2. every live request runs one pass of its window (§6.4) at its own depth: core, readout, heads,
+   decision, exactly the portable engine's :func:`~alodlm_jax.decode.portable.window_pass`;
+3. the windows that stopped, and only they, close: cache completion (one in-place write per
+   request and depth that needs it, in a loop as long as their count), §6.5 bookkeeping, the next
+   window's top-up and packing (skipped when no window stopped), and open at the next step.
+
+Packed rows (:class:`alodlm_jax.model.RowMap`): the network does not run on ``B`` padded windows
+of ``W`` rows but on the live requests' valid rows packed into one matrix, whose row count is the
+smallest of :func:`alodlm_jax.model.row_totals` (1/4, 1/2, 5/8, 3/4 or all of ``B * W``) holding
+them, a ``lax.switch``. Every row-wise operation (norms, projections, MLP, RoPE) multiplies each
+weight once for all of them; attention, which reads each request's own cache at its own depth,
+runs per request on the padded layout (queries, keys and values scattered there and back). So a
+step of ``B`` requests reads every weight once, as a single pass does: on an accelerator, where a
+pass is bound by reading the weights, ``B`` requests share one read
+(``scripts/gpu_check.sh``'s batch sweep, :func:`step_analysis`).
 
 So windows are not synchronized: a request whose window stops after one pass starts its next
-window at the next step instead of waiting for the slowest window of the batch (with adaptive
-depth, rounds of synchronized windows ran about twice the passes a request needs). Finished or
-empty slots idle: their rows are computed, discarded, and written to the scratch slots, so a
-request's real cache is exactly as if it had decoded alone.
+window at the next step instead of waiting for the slowest window of the batch. Finished or
+empty slots idle: they contribute no rows, and their cache writes go to the scratch slots
+(``Bucket.scratch_start``), so a request's real cache is exactly as if it had decoded alone.
 
 Continuous batching (:func:`generate_stream`): the host admits waiting requests into empty slots
 (one compiled *admit* program: the request's prefill into its slot of the cache, its initial state,
@@ -26,19 +37,16 @@ request. Results are yielded in input order as soon as they and every earlier on
 
 Cache writes and attention: each request writes its window rows with its own in-place
 ``dynamic_update_slice`` (the batching rule of :func:`alodlm_jax.model.write_slots`; plain ``vmap``
-would make it a whole-buffer ``scatter``), and all slots share one row bucket (the largest live
-window) and one power-of-two bucket of the cache for the prefix (the longest live prefix,
-``prefix_limit``).
+would make it a whole-buffer ``scatter``), and all slots share one power-of-two bucket of the cache
+for the prefix (the longest live prefix, ``prefix_limit``).
 
-Because each request's arithmetic is the single-request arithmetic (up to the shared buckets,
-which change only the length of fp32 reductions and the row count of matrix products), each
-request's outputs equal decoding it alone (a test checks tokens, exit depths and counters
-exactly, hazards to 1e-6).
+Because each request's arithmetic is the single-request arithmetic (up to the shared attention
+bucket and the packed row count, which change only the length of fp32 reductions and the row
+count of matrix products), each request's outputs equal decoding it alone (tests check tokens,
+exit depths and counters exactly, hazards to 1e-6, for several batch sizes and both modes).
 
-Performance on a CPU (``scripts/bench_decode.py``, 2 cores): see the README's performance section.
-A step's matrix products run near the machine's matmul rate already at batch 1 on the medium bench
-model, so a batch gains little there; batching is meant for accelerators, where a pass is bound
-by reading the weights and ``B`` requests share one read. It is untested there.
+Performance: see the README's performance section (``scripts/bench_decode.py`` on this CPU,
+:func:`step_analysis` for one step's cost on the released shapes, ``scripts/gpu_check.sh``).
 
 Timing (:data:`BATCH_TIMING`): the host times every program execution. An admit is charged to the
 admitted request (its ``prefill_seconds``, also added to its ``wall_seconds``); a batch run's wall
