@@ -71,8 +71,28 @@ def jax_device(device: str):
     except RuntimeError:
         devices = []
     if not devices:
-        raise ValueError(f"JAX has no {device} device on this machine")
+        raise ValueError(missing_device_message(device))
     return devices[0]
+
+
+def missing_device_message(device: str) -> str:
+    """Why JAX sees no ``device`` here, and what to install: the base install's jaxlib is
+    CPU-only; a CUDA GPU needs JAX's CUDA plugin (the project's ``cuda`` extra)."""
+    import importlib.util
+
+    import jax
+
+    message = f"JAX has no {device} device on this machine"
+    if device == "cuda":
+        if importlib.util.find_spec("jax_cuda12_plugin") is None:
+            return (f"{message}: JAX's CUDA plugin (jax-cuda12-plugin) is not installed; install "
+                    f"it with: python -m pip install 'alodlm-jax[cuda]' (from a checkout: "
+                    f"python -m pip install -e '.[cuda]'), which pins jax[cuda12]=={jax.__version__}")
+        return (f"{message}: jax-cuda12-plugin is installed but found no usable GPU (check "
+                f"nvidia-smi, the driver version and CUDA_VISIBLE_DEVICES)")
+    if device == "tpu":
+        return f"{message}: install JAX's TPU support with python -m pip install 'jax[tpu]=={jax.__version__}'"
+    return message
 
 
 BATCH_NEEDS_COMPILED = "--batch_size > 1 needs --engine compiled"
@@ -128,7 +148,7 @@ class Generator:
     def __init__(self, *, cfg, params, tokenizer, model_dir: pathlib.Path | None, precision: str,
                  device: str, engine: str = "portable", decode_config: DecodeConfig | None = None,
                  jax_device=None, batch_size: int = 1, compilation_cache_dir: str | None = None,
-                 mesh=None):
+                 stop_ids: Sequence[int] | None = None, mesh=None):
         import jax
 
         self.cfg = cfg
@@ -141,20 +161,32 @@ class Generator:
         self.batch_size = batch_size
         self.mesh = mesh  # the compiled engine's ("data", "model") mesh, or None: one device
         self.decode_config = decode_config or DecodeConfig()
-        self.stop_ids = stop_ids_for(tokenizer)
+        self.stop_ids = stop_ids_for(tokenizer) if stop_ids is None else sorted({int(i) for i in stop_ids})
         self._jax_device = jax_device or jax.devices()[0]
         with jax.default_device(self._jax_device):
             self.engine = make_engine(engine, cfg, params, self.decode_config, self.stop_ids,
                                       batch_size=batch_size,
                                       compilation_cache_dir=compilation_cache_dir, mesh=mesh)
 
-    def with_decode_config(self, decode_config: DecodeConfig) -> "Generator":
+    def with_decode_config(self, decode_config: DecodeConfig, *,
+                           stop_ids: Sequence[int] | None = None) -> "Generator":
         """A generator over the same params, tokenizer and device with other decoding settings
-        (no reload; compiled programs are shared when the shapes agree)."""
-        return Generator(cfg=self.cfg, params=self.params, tokenizer=self.tokenizer,
-                         model_dir=self.model_dir, precision=self.precision, device=self.device,
-                         engine=self.engine_name, decode_config=decode_config,
-                         jax_device=self._jax_device, batch_size=self.batch_size, mesh=self.mesh)
+        (no reload; compiled programs are shared when the shapes agree).
+
+        ``stop_ids`` replaces the stop ids (default: this generator's); the engines take them as
+        a runtime input, so other stop ids compile nothing new. A KV cache sharding set on this
+        generator's engine (``alodlm_jax.sharding.build_generator``) is kept.
+        """
+        other = Generator(cfg=self.cfg, params=self.params, tokenizer=self.tokenizer,
+                          model_dir=self.model_dir, precision=self.precision, device=self.device,
+                          engine=self.engine_name, decode_config=decode_config,
+                          jax_device=self._jax_device, batch_size=self.batch_size,
+                          stop_ids=self.stop_ids if stop_ids is None else stop_ids, mesh=self.mesh)
+        if getattr(self.engine, "cache_sharding", None) is not None:
+            other.engine.cache_sharding = self.engine.cache_sharding
+        if hasattr(self, "mesh_spec"):
+            other.mesh_spec = self.mesh_spec
+        return other
 
     @classmethod
     def load(cls, model: str, *, precision: str = "fp32", device: str = "cpu",
@@ -188,14 +220,25 @@ class Generator:
 
     def chat_prompt_ids(self, text: str, thinking: bool = False) -> list[int]:
         """§4.7: the chat template over one user turn with the generation prompt."""
-        rendered = self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True,
-            enable_thinking=thinking)
-        return self.encode_verbatim(rendered)
+        return self.encode_verbatim(self.render_chat([{"role": "user", "content": text}],
+                                                     thinking=thinking))
+
+    def render_chat(self, messages: Sequence[dict[str, str]], *, thinking: bool = False,
+                    add_generation_prompt: bool = True) -> str:
+        """The checkpoint's chat template over ``messages`` as text (§4.7; thinking off unless
+        asked). Without a generation prompt the last message is continued (an assistant
+        prefill). :meth:`encode_verbatim` of the text is the prompt."""
+        return self.tokenizer.apply_chat_template(
+            list(messages), tokenize=False, add_generation_prompt=add_generation_prompt,
+            continue_final_message=not add_generation_prompt, enable_thinking=thinking)
 
     def encode_verbatim(self, text: str) -> list[int]:
         """Evaluation prompts: tokenized as is, no special tokens added (SCORING.md §6.4)."""
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def decode_text(self, token_ids: Sequence[int]) -> str:
+        """A result's ``text``: the generated ids decoded without special tokens (§6.6)."""
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
     def check_prompt_ids(self, prompt_ids: Sequence[int]) -> list[int]:
         """The engine's request checks (MODEL_AND_DECODING.md §6.1: at least one token, ids in
@@ -217,9 +260,8 @@ class Generator:
 
         with jax.default_device(self._jax_device):
             out = self.engine.generate(prompt_ids)
-        text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
         self.last_work = out.work
-        return result_dict(out, text)
+        return result_dict(out, self.decode_text(out.token_ids))
 
     def generate(self, prompt_text: str) -> dict[str, Any]:
         """Evaluation entry point: the prompt is tokenized verbatim (no template, no specials)."""
@@ -251,7 +293,7 @@ class Generator:
                 outs = (self.engine.generate(ids) for ids in prompts)
             for out in outs:
                 self.last_work = out.work
-                yield result_dict(out, self.tokenizer.decode(out.token_ids, skip_special_tokens=True))
+                yield result_dict(out, self.decode_text(out.token_ids))
 
     def warmup_batches(self, groups: Sequence[Sequence[str]]) -> None:
         """Compiles, before any timing, the batched programs of every group of prompts.

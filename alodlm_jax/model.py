@@ -461,6 +461,150 @@ def run_window_stack(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Arr
     return h, ks, vs
 
 
+# --------------------------------------------------------------------------------------------------
+# Several requests' windows at once, their valid rows packed together (the batch step)
+
+
+@struct.dataclass
+class RowMap:
+    """The valid rows of ``B`` requests' windows packed into ``R`` matrix rows (ragged batching).
+
+    Request ``b``'s padded window rows ``0 .. count[b]-1`` (layout ``[B, W, ...]``) sit at compact
+    rows ``offset[b] .. offset[b]+count[b]-1``, in request order; compact rows past the total are
+    padding (``valid`` false). Every row-wise operation (norms, projections, MLP, RoPE, heads) runs
+    on the ``R`` compact rows, so a batch step multiplies only the rows its requests need rather
+    than ``B`` times the largest window; attention, which reads each request's own cache, runs
+    per request on the padded layout (:func:`run_window_rows`).
+
+    Attributes:
+      slot, row: int32[R] — the padded position ``(b, a)`` of each compact row (0 for padding).
+      valid: bool[R] — a real row.
+      offset, count: int32[B] — each request's first compact row and number of rows.
+    """
+
+    slot: jax.Array
+    row: jax.Array
+    valid: jax.Array
+    offset: jax.Array
+    count: jax.Array
+
+
+def row_map(counts: jax.Array, size: int) -> RowMap:
+    """:class:`RowMap` of ``counts[b]`` rows per request in ``size`` compact rows (``sum(counts)
+    <= size``; the caller picks ``size`` from :func:`row_totals`)."""
+    counts = jnp.asarray(counts, jnp.int32)
+    ends = jnp.cumsum(counts)
+    offset = ends - counts
+    r = jnp.arange(size, dtype=jnp.int32)
+    slot = jnp.minimum(jnp.sum((ends[None, :] <= r[:, None]).astype(jnp.int32), axis=1),
+                       counts.shape[0] - 1)
+    valid = r < ends[-1]
+    row = jnp.where(valid, r - offset[slot], 0)
+    return RowMap(slot=jnp.where(valid, slot, 0), row=row, valid=valid, offset=offset, count=counts)
+
+
+def row_totals(batch: int, rows: int) -> tuple[int, ...]:
+    """Compact row counts a batch step runs at: 1/4, 1/2, 5/8, 3/4 and all of ``batch * rows``.
+
+    With every request live a step needs between ``batch * rows / 2`` (each window holds at least
+    its ``rows / 2`` masks) and ``batch * rows`` rows, the range the upper four cover as the
+    single-request row buckets do (:func:`alodlm_jax.decode.portable.row_buckets`); 1/4 serves a
+    batch that is emptying."""
+    full = batch * rows
+    return tuple(sorted({max(1, -(-full * f // 8)) for f in (2, 4, 5, 6, 8)}))
+
+
+def to_rows(x: jax.Array, m: RowMap) -> jax.Array:
+    """Padded ``[B, W, ...]`` -> compact ``[R, ...]`` (padding rows are zeros)."""
+    out = x[m.slot, m.row]
+    return jnp.where(m.valid.reshape((-1,) + (1,) * (out.ndim - 1)), out, jnp.zeros((), x.dtype))
+
+
+def from_rows(x: jax.Array, m: RowMap, rows: int, fill: jax.Array | None = None) -> jax.Array:
+    """Compact ``[R, ...]`` -> padded ``[B, rows, ...]``; rows past a request's count take
+    ``fill``'s rows (zeros by default)."""
+    a = jnp.arange(rows, dtype=jnp.int32)
+    index = jnp.minimum(m.offset[:, None] + a[None, :], x.shape[0] - 1)  # [B, rows]
+    inside = a[None, :] < m.count[:, None]
+    out = x[index]
+    if fill is None:
+        fill = jnp.zeros((), x.dtype)
+    return jnp.where(inside.reshape(inside.shape + (1,) * (out.ndim - 2)), out, fill)
+
+
+def _window_layer_rows(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax.Array,
+                       k_all: jax.Array, v_all: jax.Array, layer, depth, start: jax.Array,
+                       kv_bucket: jax.Array, m: RowMap, rows: int):
+    """:func:`_window_layer` for ``B`` requests: compact rows ``h [R, H]``, the batch's cache
+    buffers ``[B, L, (K,) T, n_kv, d_h]``, per-request ``start`` and ``depth`` ``[B]``.
+
+    Returns ``(h [R, H], k, v)`` with the window rows' K/V in the padded layout ``[B, rows,
+    n_kv, d_h]`` (zeros past each request's rows). Each request's queries attend over its own
+    prefix and window rows exactly as :func:`_window_layer` does."""
+    q, k, v = _qkv(lp, eps, h, cos, sin)
+    k = from_rows(k.astype(k_all.dtype), m, rows)
+    v = from_rows(v.astype(v_all.dtype), m, rows)
+    q = from_rows(q, m, rows)
+    layer = jnp.asarray(layer, jnp.int32)
+
+    def attend_first(size, q, k, v, k_all, v_all):
+        def one(q, k, v, k_buf, v_buf, start, depth):
+            index = (layer,) if depth is None else (layer, depth)
+            k_pre = _first_slots(k_buf, index, size).astype(q.dtype)
+            v_pre = _first_slots(v_buf, index, size).astype(q.dtype)
+            return _attend_window(q, k_pre, v_pre, start, k.astype(q.dtype), v.astype(q.dtype))
+
+        depth_axis = None if depth is None else 0
+        return jax.vmap(one, in_axes=(0, 0, 0, 0, 0, 0, depth_axis))(q, k, v, k_all, v_all, start,
+                                                                     depth)
+
+    attn = _on_kv_bucket(k_all.shape[2 if depth is None else 3], kv_bucket, attend_first,
+                         q, k, v, k_all, v_all)
+    return _attention_out_and_mlp(lp, eps, h, to_rows(attn, m)), k, v
+
+
+def run_window_rows(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Array, m: RowMap,
+                    k_all: jax.Array, v_all: jax.Array, start: jax.Array, depth=None, *,
+                    prefix_limit, rows: int):
+    """:func:`run_window_stack` for ``B`` requests on compact rows (:class:`RowMap`).
+
+    ``h [R, H]`` and ``positions [R]`` are compact; ``k_all``/``v_all`` the batch's buffers
+    ``[B, L, (K,) T, n_kv, d_h]``; ``start`` (and ``depth`` for the core) ``[B]``; ``prefix_limit``
+    one attention bucket limit shared by the batch. Returns ``(h [R, H], k_new, v_new)`` with
+    ``k_new``/``v_new`` ``[B, L, rows, n_kv, d_h]`` for :func:`store_window` per request. Reads
+    the cache only, like :func:`run_window_stack`.
+    """
+    n = _num_layers(stack)
+    batch = k_all.shape[0]
+    kv_shape = (batch, n, rows) + k_all.shape[-2:]
+    if n == 0:
+        return h, jnp.zeros(kv_shape, k_all.dtype), jnp.zeros(kv_shape, v_all.dtype)
+    start = jnp.asarray(start, jnp.int32)
+    cos, sin = rope_tables(positions, k_all.shape[-1], cfg.rope_theta, h.dtype)
+    eps = cfg.rms_norm_eps
+    kv_bucket = kv_bucket_index(kv_buckets(k_all.shape[2 if depth is None else 3]), prefix_limit)
+
+    def layer(lp, i, h):
+        return _window_layer_rows(lp, eps, h, cos, sin, k_all, v_all, i, depth, start, kv_bucket,
+                                  m, rows)
+
+    if isinstance(stack, (list, tuple)):
+        ks, vs = [], []
+        for i, lp in enumerate(stack):
+            h, k, v = layer(lp, i, h)
+            ks.append(k)
+            vs.append(v)
+        return h, jnp.stack(ks, axis=1), jnp.stack(vs, axis=1)
+
+    def body(h, xs):
+        lp, i = xs
+        h, k, v = layer(lp, i, h)
+        return h, (k, v)
+
+    h, (ks, vs) = jax.lax.scan(body, h, (stack, jnp.arange(n, dtype=jnp.int32)))
+    return h, jnp.moveaxis(ks, 0, 1), jnp.moveaxis(vs, 0, 1)
+
+
 def store_window(cache: KVCache, start, depth=None, *, prelude=None, core=None, coda=None) -> KVCache:
     """Writes window K/V pairs from :func:`run_window_stack` at slots ``start..start+T``: one
     in-place update per buffer (``core`` at ``depth``). Groups left ``None`` are unchanged."""

@@ -357,7 +357,7 @@ def local_device(device: str = "cpu"):
     ``jax.distributed.initialize`` is process 0's device on every process; decoding must use a
     device this process can address.
     """
-    from alodlm_jax.generate import DEVICES
+    from alodlm_jax.generate import DEVICES, missing_device_message
 
     if device not in DEVICES:
         raise ValueError(f"device must be one of {sorted(DEVICES)}, got {device!r}")
@@ -366,7 +366,7 @@ def local_device(device: str = "cpu"):
     except RuntimeError:
         devices = []
     if not devices:
-        raise ValueError(f"JAX has no {device} device on this machine")
+        raise ValueError(missing_device_message(device))
     return devices[0]
 
 

@@ -2,7 +2,7 @@
 
 Submodules: ``tasks`` (load and validate the task file), ``extract`` (answer and program
 extraction), ``metrics`` (the ``score`` dispatcher and the metric implementations), ``errors``,
-``isolation`` (the pool of fresh-interpreter scoring workers), ``sandbox`` (the code sandbox),
+``pool`` (the pool of fresh-interpreter scoring workers), ``sandbox`` (the code sandbox),
 ``strict`` and ``plaindata`` (the strict verdict rules), ``scorer`` (:class:`Scorer`).
 
 :class:`Scorer` is the library call for untrusted code (a training loop's rewards): code runs in

@@ -42,7 +42,7 @@ import os
 from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
 from . import outputs
-from .isolation import Outcome, ScoringPool, is_code_task
+from .pool import Outcome, ScoringPool, is_code_task
 from .predictions import RESCORE_FIELDS, load_predictions  # noqa: F401 - load_predictions: re-exported
 from .tasks import CODE_METRICS, sha256_file, task_key
 

@@ -3,7 +3,7 @@
 ``alodlm-jax-prepare`` needs, for every EvalPlus input, the output of the benchmark's canonical
 solution and how long it took. evalplus computes both with ``evalplus.gen.util.trusted_exec`` (what
 its own ``get_groundtruth`` calls); this module calls that same function, but never in the calling
-process: each job goes to the scoring pool (:class:`alodlm_scoring.isolation.ScoringPool`) and runs
+process: each job goes to the scoring pool (:class:`alodlm_scoring.pool.ScoringPool`) and runs
 in a worker's code sandbox, the same one generated code runs in (the program is trusted, yet the
 machine is protected from it as from any program), several at a time. Inputs and outputs travel as
 :mod:`alodlm_scoring.plaindata` (tuples, sets, dicts with non-string keys and complex numbers
@@ -57,7 +57,7 @@ def measure(jobs: Sequence[Job], *, workers: int | None = None,
     raises :class:`GroundTruthError` naming its task; the pool is stopped, nothing more is
     waited for.
     """
-    from .isolation import ScoringPool
+    from .pool import ScoringPool
 
     if not jobs:
         return []

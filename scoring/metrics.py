@@ -2,7 +2,7 @@
 
 ``score(record, generation)`` returns ``(correct, extracted)`` exactly as the reference scorer
 does (decision D1). Code metrics execute generated programs in child processes started from the
-*current* process; the evaluator never calls them directly but through ``alodlm_scoring.isolation``,
+*current* process; the evaluator never calls them directly but through ``alodlm_scoring.pool``,
 which runs :func:`score` in a fresh interpreter (D6).
 
 math-verify and evalplus are imported lazily: loading tasks or scoring multiple choice must not pay

@@ -27,16 +27,20 @@ Anything else (a function, a generator, an object of the program's own class, a 
 a structure nested deeper than ``max_depth`` or larger than ``max_items``) raises
 :class:`Unrepresentable`: under strict rules that output cannot be compared as data and the test
 fails.
+
+The call channel of strict python_tests (:mod:`alodlm_scoring.sandbox.calls`) adds one tag:
+``{"handle": n}``, a reference to an object that stays in the program's process. Only
+:func:`encode` given ``refer`` writes it (for a value of any type not listed above) and only
+:func:`decode` given ``resolve`` reads it; elsewhere it is malformed.
 """
 
 from __future__ import annotations
 
 import collections
-import decimal
-import fractions
 import json
 import math
-from typing import Any
+import sys
+from typing import Any, Callable
 
 __all__ = ["Unrepresentable", "encode", "decode", "dumps", "loads", "MAX_DEPTH", "MAX_ITEMS"]
 
@@ -59,12 +63,13 @@ class Unrepresentable(ValueError):
 
 
 class _Budget:
-    __slots__ = ("items", "max_items", "max_depth")
+    __slots__ = ("items", "max_items", "max_depth", "handles")
 
-    def __init__(self, max_items: int, max_depth: int) -> None:
+    def __init__(self, max_items: int, max_depth: int, handles: Any = None) -> None:
         self.items = 0
         self.max_items = max_items
         self.max_depth = max_depth
+        self.handles = handles  # refer (encoding) or resolve (decoding) a handle, or None
 
     def spend(self, depth: int, count: int = 1) -> None:
         self.items += count
@@ -79,9 +84,12 @@ class _Budget:
 # --------------------------------------------------------------------------------------------
 
 
-def encode(value: Any, *, max_depth: int = MAX_DEPTH, max_items: int = MAX_ITEMS) -> Any:
-    """``value`` as JSON-ready plain data; raises :class:`Unrepresentable`."""
-    return _encode(value, 0, _Budget(max_items, max_depth))
+def encode(value: Any, *, max_depth: int = MAX_DEPTH, max_items: int = MAX_ITEMS,
+           refer: Callable[[Any], int] | None = None) -> Any:
+    """``value`` as JSON-ready plain data; raises :class:`Unrepresentable`. With ``refer``, a
+    value of any other type becomes ``{"handle": refer(value)}`` instead (the call channel of
+    strict python_tests, :mod:`alodlm_scoring.sandbox.calls`)."""
+    return _encode(value, 0, _Budget(max_items, max_depth, refer))
 
 
 def _pairs(mapping: dict, depth: int, budget: _Budget) -> list:
@@ -110,9 +118,12 @@ def _encode(value: Any, depth: int, budget: _Budget) -> Any:
     if kind is complex:
         return {"complex": [complex.__getattribute__(value, "real"),
                             complex.__getattribute__(value, "imag")]}
-    if kind is fractions.Fraction:
+    # A Fraction or a Decimal exists only once its module is imported (not imported here: the
+    # program process of strict python_tests starts faster without them).
+    fractions, decimal = sys.modules.get("fractions"), sys.modules.get("decimal")
+    if fractions is not None and kind is fractions.Fraction:
         return {"fraction": [int(value.numerator), int(value.denominator)]}
-    if kind is decimal.Decimal:
+    if decimal is not None and kind is decimal.Decimal:
         return {"decimal": decimal.Decimal.__str__(value)}
     numpy_form = _encode_numpy(value, kind, depth, budget)
     if numpy_form is not None:
@@ -120,6 +131,8 @@ def _encode(value: Any, depth: int, budget: _Budget) -> Any:
     for base in _BASES:
         if issubclass(kind, base) and kind not in _DICT_KINDS:
             return {"subclass": [_type_name(kind), _encode_base(value, base, depth, budget)]}
+    if budget.handles is not None:
+        return {"handle": budget.handles(value)}
     raise Unrepresentable(f"a value of type {_type_name(kind)}")
 
 
@@ -194,9 +207,12 @@ def _subclass(base: type, name: str) -> type:
     return _SYNTHESIZED[key]
 
 
-def decode(data: Any, *, max_depth: int = MAX_DEPTH, max_items: int = MAX_ITEMS) -> Any:
-    """The value that :func:`encode` encoded; raises :class:`Unrepresentable` on malformed data."""
-    return _decode(data, 0, _Budget(max_items, max_depth))
+def decode(data: Any, *, max_depth: int = MAX_DEPTH, max_items: int = MAX_ITEMS,
+           resolve: Callable[[int], Any] | None = None) -> Any:
+    """The value that :func:`encode` encoded; raises :class:`Unrepresentable` on malformed data.
+    ``{"handle": n}`` (a non-negative int) decodes to ``resolve(n)``, and is malformed without
+    ``resolve``."""
+    return _decode(data, 0, _Budget(max_items, max_depth, resolve))
 
 
 def _decode(data: Any, depth: int, budget: _Budget) -> Any:
@@ -213,8 +229,7 @@ def _decode(data: Any, depth: int, budget: _Budget) -> Any:
         return _decode_tagged(tag, body, depth, budget)
     except Unrepresentable:
         raise
-    except (TypeError, ValueError, OverflowError, decimal.InvalidOperation,
-            ZeroDivisionError) as error:
+    except (TypeError, ValueError, ArithmeticError) as error:
         raise Unrepresentable(f"malformed {tag!r} value: {error}") from None
 
 
@@ -245,10 +260,14 @@ def _decode_tagged(tag: str, body: Any, depth: int, budget: _Budget) -> Any:
         return complex(real, imag)
     if tag == "fraction":
         numerator, denominator = _numbers(body, 2, integers=True)
+        import fractions
+
         return fractions.Fraction(numerator, denominator)
     if tag == "decimal":
         if type(body) is not str:
             raise Unrepresentable("malformed decimal")
+        import decimal
+
         return decimal.Decimal(body)
     if tag == "numpy":
         import numpy
@@ -268,6 +287,10 @@ def _decode_tagged(tag: str, body: Any, depth: int, budget: _Budget) -> Any:
         if array.shape != shape:
             raise Unrepresentable("ndarray shape does not match its values")
         return array
+    if tag == "handle" and budget.handles is not None:
+        if type(body) is not int or not 0 <= body < 1 << 31:
+            raise Unrepresentable("malformed handle")
+        return budget.handles(body)
     if tag == "subclass":
         name, inner = _list(body, 2)
         if type(name) is not str:

@@ -6,8 +6,10 @@ verdict:
 
 * python_tests, reference rules: ``python -I check.py`` in the sandbox's working directory;
   passes on exit status 0 within the timeout (SCORING.md §5.2);
-* python_tests, strict rules: the same ``check.py``, run by :data:`TESTS_HARNESS` (see
-  :mod:`alodlm_scoring.strict`); passes on exit status 0 *and* the run's one-time token;
+* python_tests, strict rules: the program and the tests in two processes of one run, the
+  tests calling the program remotely (:mod:`alodlm_scoring.sandbox.calls`); passes when the
+  test process exits with 0 and then the program process, its channel closed, ends with 0 as
+  ``check.py`` would after its tests (it can only fail here), both within the timeout;
 * evalplus, reference rules: evalplus's ``untrusted_check`` inside the sandbox (job
   ``evalplus_check``), one run per suite, exactly the reference's call;
 * evalplus, strict rules: the program's outputs as plain data (job ``evalplus_outputs``),
@@ -20,13 +22,12 @@ A run that the sandbox could not start or lost (not the program's doing) raises
 from __future__ import annotations
 
 import json
-import secrets
 import sys
 from typing import Any, Sequence
 
 from . import plaindata, strict
 
-__all__ = ["SandboxFailure", "TESTS_HARNESS", "SANDBOX_MODES", "RULE_SETS", "python_tests",
+__all__ = ["SandboxFailure", "SANDBOX_MODES", "RULE_SETS", "python_tests",
            "time_limits", "evalplus_status", "evalplus_outputs", "groundtruth",
            "groundtruth_values", "SANDBOX_FAILURE_REASON"]
 
@@ -37,42 +38,6 @@ RULE_SETS = ("reference", "strict")  # --code_verdicts
 # the run's own deadline leaves room for that and for the sandbox's start.
 _EVALPLUS_CAP_SECONDS = 60.0
 _EVALPLUS_SLACK_SECONDS = 10.0
-
-# Run as ``python -I -c TESTS_HARNESS <number of program statements>`` with the token on stdin,
-# in the directory holding check.py. It imports only the standard library.
-TESTS_HARNESS = r'''
-import ast as _ast, os as _os, sys as _sys, types as _types, __future__ as _future
-def _alodlm_harness():
-    token = _sys.stdin.buffer.read()
-    split = int(_sys.argv[1])
-    with open("check.py") as handle:
-        source = handle.read()
-    try:
-        tree = compile(source, "check.py", "exec", _ast.PyCF_ONLY_AST)
-    except BaseException:
-        _os._exit(1)
-    main = _types.ModuleType("__main__")
-    main.__file__ = _os.path.abspath("check.py")
-    main.__builtins__ = __builtins__
-    _sys.modules["__main__"] = main
-    _sys.argv = ["check.py"]
-    future_flags = 0
-    for part in (tree.body[:split], tree.body[split:]):
-        try:
-            code = compile(_ast.Module(body=part, type_ignores=[]), "check.py", "exec",
-                           future_flags, dont_inherit=True)
-            future_flags |= code.co_flags & _FUTURE_MASK
-            exec(code, main.__dict__)
-        except BaseException:
-            _os._exit(1)
-    _os.write(3, token)
-    _os.close(3)
-_FUTURE_MASK = 0
-for _name in _future.all_feature_names:
-    _FUTURE_MASK |= getattr(_future, _name).compiler_flag
-_alodlm_harness()
-'''
-
 
 class SandboxFailure(RuntimeError):
     """The sandbox could not run a program (a required mechanism failed, the host was lost)."""
@@ -92,14 +57,16 @@ def python_tests(sandbox, program: str, tests: str, timeout: float, *, rules: st
                                      files={"check.py": source})
         _ended(result)
         return result.status == "exited" and result.code == 0
-    split = strict.tests_split(program, tests)
-    if split is None:
+    if not strict.tests_intact(program, tests):
         return False
-    token = secrets.token_hex(32).encode()
-    result = sandbox.run_command([python, "-I", "-c", TESTS_HARNESS, str(split)], timeout=timeout,
-                                 files={"check.py": source}, stdin=token)
+    from .sandbox import calls
+
+    payload = {"tests": tests, "flags": strict.future_flags(program)}
+    result = sandbox.run_job("python_tests", payload, timeout=timeout,
+                             server=calls.server_command(python),
+                             files={calls.PROGRAM_FILE: program})
     _ended(result)
-    return result.status == "exited" and result.code == 0 and result.output == token
+    return result.status == "exited" and result.code == 0 and result.server_code == 0
 
 
 def time_limits(reference_seconds: Sequence[float], min_time_limit: float,

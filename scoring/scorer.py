@@ -20,7 +20,7 @@ import concurrent.futures
 import threading
 from typing import Any, Mapping
 
-from .isolation import Outcome, ScoringPool, is_code_task
+from .pool import Outcome, ScoringPool, is_code_task
 
 __all__ = ["Scorer"]
 

@@ -2,14 +2,13 @@
 
 ``--code_verdicts=strict`` accepts only passes the program cannot have arranged:
 
-* **python_tests**: the tests must have run to their end. The worker checks that the test
-  program's own statements are the last statements of ``check.py`` (a program that swallows
-  them into an unclosed string or block fails), the harness runs the program's statements and
-  then the tests' statements in one ``__main__`` namespace, and writes a one-time token on its
-  result pipe only when both ran without an exception or an exit; a pass needs that token and
-  exit status 0 (an early ``sys.exit(0)``, ``os._exit(0)`` or an excepthook cannot pass).
-  Limit: the program and its tests share one interpreter by design, so a program that searches
-  its own process's memory for the token can still forge the end of the tests.
+* **python_tests**: the tests run where the program cannot reach them. The worker checks that
+  ``check.py``'s last statements are exactly the test program's (a program that swallows them
+  into an unclosed string or block fails) and that the program's text alone is the rest
+  (:func:`tests_intact`); then the program runs in one sandboxed process and the tests in
+  another, calling the program's functions remotely with plain data
+  (:mod:`alodlm_scoring.sandbox.calls`). The verdict is the test process's exit status: no
+  ``__eq__``, frame, file, memory or exit of the program's can make it 0.
 * **evalplus**: the program's process never receives the expected outputs; it returns each
   output as plain data (:mod:`alodlm_scoring.plaindata`) and :func:`evalplus_passes` compares
   them here, with evalplus 0.3.1's rules (exact match, its special oracles, its float
@@ -18,8 +17,8 @@
   ``find_zero`` the residual of the returned root is computed here too, against the task's own
   (unmodified) coefficients.
 
-Honest programs get the reference's verdicts under these rules, except a test program that
-itself calls ``sys.exit``: it does not run to its end, so under strict rules it cannot pass.
+Honest programs get the reference's verdicts under these rules; README.md ("Strict verdict
+rules") lists where they differ and why (objects that cannot cross as plain data).
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from __future__ import annotations
 import ast
 from typing import Any, Sequence
 
-__all__ = ["tests_split", "evalplus_passes", "root_residual_outputs", "Output", "OPAQUE"]
+__all__ = ["tests_intact", "future_flags", "evalplus_passes", "root_residual_outputs", "Output", "OPAQUE"]
 
 # (True, value) for a returned value; (False, reason) for a timeout or an exception.
 Output = tuple
@@ -48,23 +47,42 @@ class _Opaque:
 OPAQUE = _Opaque()
 
 
-def tests_split(program: str, tests: str) -> int | None:
-    """The number of ``check.py`` statements before the tests', or ``None`` when the tests are
-    not intact (``check.py`` does not parse, or its last statements are not exactly the tests'
-    own statements)."""
+def tests_intact(program: str, tests: str) -> bool:
+    """Whether ``check.py`` (program, blank line, tests) parses into the program's own
+    statements followed by exactly the test program's statements, so that running the two
+    apart runs what ``check.py`` would."""
     try:
         combined = ast.parse(program + "\n\n" + tests + "\n")
         alone = ast.parse(tests + "\n")
+        own = ast.parse(program + "\n")
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
-    split = len(combined.body) - len(alone.body)
-    if split < 0:
-        return None
+        return False
+    if len(combined.body) != len(own.body) + len(alone.body):
+        return False
     dump = ast.dump
-    for mine, theirs in zip(combined.body[split:], alone.body):
-        if dump(mine) != dump(theirs):
-            return None
-    return split
+    return all(dump(mine) == dump(theirs)
+               for mine, theirs in zip(combined.body, own.body + alone.body))
+
+
+def future_flags(program: str) -> int:
+    """The compiler flags of the program's ``from __future__`` imports, which in ``check.py``
+    apply to the tests too (0 when the program does not parse)."""
+    import __future__
+
+    try:
+        body = ast.parse(program + "\n").body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return 0
+    flags = 0
+    for statement in body:
+        if not (isinstance(statement, ast.ImportFrom) and statement.module == "__future__"):
+            if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant):
+                continue  # a docstring may come first
+            break
+        for alias in statement.names:
+            feature = getattr(__future__, alias.name, None)
+            flags |= getattr(feature, "compiler_flag", 0)
+    return flags
 
 
 def root_residual_outputs(inputs: Sequence[Sequence[Any]], outputs: Sequence[Output],

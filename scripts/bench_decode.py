@@ -339,6 +339,64 @@ def next_pow2_slots(prompt_len: int, max_new: int, window: int) -> int:
                                                        window_size=window)).cache_slots
 
 
+H200_BYTES_PER_SECOND = 4.8e12
+
+
+def print_step_costs(title: str, rows: list[dict], tokens_per_pass: float | None) -> None:
+    """One line per batch size: XLA's cost and memory analysis of one batch step beside the floor
+    (``alodlm_jax.decode.batched.step_analysis``), and what it implies on an H200's bandwidth."""
+    print(f"\n== one batch step, XLA cost/memory analysis: {title} ==")
+    print(f"  {'batch':>5}{'GFLOP':>10}{'GB accessed':>13}{'GB gathers':>12}{'GB moved':>10}"
+          f"{'GB floor':>10}{'moved/floor':>13}{'temp MB':>9}{'H200 steps/s':>14}"
+          f"{'H200 tok/s':>12}")
+    for r in rows:
+        steps = H200_BYTES_PER_SECOND / r["bytes_moved"]
+        tok = "" if tokens_per_pass is None else f"{steps * r['batch'] * tokens_per_pass:>12.0f}"
+        print(f"  {r['batch']:>5}{r['flops'] / 1e9:>10.1f}{r['bytes_accessed'] / 1e9:>13.3f}"
+              f"{r['gather_overcharge'] / 1e9:>12.3f}{r['bytes_moved'] / 1e9:>10.3f}"
+              f"{r['floor_bytes'] / 1e9:>10.3f}{r['moved_over_floor']:>13.2f}"
+              f"{r['temp_bytes'] / 1e6:>9.1f}{steps:>14.1f}{tok}")
+    if tokens_per_pass is not None:
+        print(f"  (tok/s at {tokens_per_pass:.2f} tokens per request-pass, if a step took "
+              f"bytes moved / 4.8 TB/s)")
+
+
+def bench_step_costs(name: str, args) -> list[dict]:
+    from alodlm_jax.config import DecodeConfig
+    from alodlm_jax.decode import batched
+    from alodlm_jax.decode.compiled import Bucket
+    from alodlm_jax.params import load_model
+
+    path = build_checkpoint(pathlib.Path(args.workdir), name, args.lm_head_scale)
+    cfg, params = load_model(str(path), "fp32", per_layer=True)
+    decode = DecodeConfig(q=0.5, tau=0.4, window_size=args.window_size,
+                          max_new_tokens=args.max_new_tokens)
+    rows = [batched.step_analysis(cfg, params, Bucket.for_request(args.prompt_tokens, decode, b))
+            for b in args.step_costs]
+    print_step_costs(f"{name} model, fp32, {rows[0]['cache_slots']} cache slots", rows, None)
+    return rows
+
+
+def released_step_costs(name: str, args) -> list[dict]:
+    """The batch step of a released model's shapes in bf16, compiled for this machine's backend
+    from parameter shapes alone (no weights in memory, nothing decoded)."""
+    from alodlm_jax.decode import batched
+    from alodlm_jax.decode.compiled import Bucket
+    from alodlm_jax.testing.released_shapes import model_config, param_specs
+
+    cfg = model_config(name)
+    params = param_specs(cfg)
+    rows = []
+    for b in args.step_costs or [1, 8, 32]:
+        bucket = Bucket(prompt_bucket=16, window_size=args.window_size, capacity=16,
+                        cache_slots=args.released_cache_slots, batch=b)
+        t0 = time.perf_counter()
+        rows.append(batched.step_analysis(cfg, params, bucket))
+        print(f"  [{name} batch {b}: compiled in {time.perf_counter() - t0:.0f} s]", flush=True)
+    print_step_costs(f"{name}-shaped, bf16, {rows[0]['cache_slots']} cache slots", rows, args.tokens_per_pass)
+    return rows
+
+
 def print_report(report: dict) -> None:
     print(f"\n== {report['model']} ==")
     for key, value in report["roofline"].items():
@@ -387,6 +445,19 @@ def main(argv=None) -> int:
                         "64,128,256; --quick: 32,64,128; '' to skip)")
     parser.add_argument("--skip_torch", action="store_true")
     parser.add_argument("--json", default=None, help="write the full report here")
+    parser.add_argument("--step_costs", default="1,8,32",
+                        help="batch sizes whose one-step XLA cost and memory analysis is printed "
+                             "for each model ('' to skip)")
+    parser.add_argument("--released_shapes", default="",
+                        help="also analyse one batch step of these released-model shapes in bf16, "
+                             "compiling only (e.g. 1.7b,8b; takes minutes)")
+    parser.add_argument("--released_cache_slots", type=int, default=1024,
+                        help="prefix slots of the released-shape analysis (prompt + generated)")
+    parser.add_argument("--tokens_per_pass", type=float, default=1.0,
+                        help="tokens a request commits per recurrent pass, for the implied H200 "
+                             "tokens/s of the released shapes")
+    parser.add_argument("--costs_only", action="store_true",
+                        help="print only the step cost analyses (no decoding)")
     args = parser.parse_args(argv)
     if args.quick:
         args.max_new_tokens = 32
@@ -409,11 +480,17 @@ def main(argv=None) -> int:
           f"{args.max_new_tokens} new tokens, window {args.window_size}, prompt "
           f"{args.prompt_tokens}, batch {args.batch} over {args.batch_prompts} prompts", flush=True)
     full = {"args": {k: v for k, v in vars(args).items()}, "models": [], "scaling": None}
+    args.step_costs = [int(x) for x in args.step_costs.split(",") if x]
     for name in [m for m in args.models.split(",") if m]:
-        report = run_model(name, args)
-        print_report(report)
-        full["models"].append(report)
-    if args.scaling:
+        if not args.costs_only:
+            report = run_model(name, args)
+            print_report(report)
+            full["models"].append(report)
+        if args.step_costs:
+            full.setdefault("step_costs", {})[name] = bench_step_costs(name, args)
+    for name in [m for m in args.released_shapes.split(",") if m]:
+        full.setdefault("step_costs", {})[name] = released_step_costs(name, args)
+    if args.scaling and not args.costs_only:
         full["scaling"] = scaling(args)
         print("\n== compiled engine, small model, entropy: time vs max_new_tokens ==")
         for s in full["scaling"]:

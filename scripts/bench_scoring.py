@@ -9,9 +9,14 @@ byte-identical files, and times the naive scheme for code — one fresh interpre
 the reference does, without a sandbox — as the baseline. Code is also rescored with the pool and
 the code sandbox off (``--code_sandbox=off``) and under the strict rules, alternating with the
 sandboxed runs (``--repeats`` times, best of each) so that a drift of a shared machine affects
-both alike: the sandbox's cost is the ratio of the two pool rates.
+both alike: the sandbox's cost is the ratio of the two pool rates. The python_tests tasks alone are
+then rescored under the reference's and the strict rules, alternating, best of each: strict
+python_tests run the program and its tests in two processes (``alodlm_scoring.sandbox.calls``),
+and their cost is the ratio of the two times (goal: at most 1.5x). ``--families`` picks the parts
+to run (``python_tests`` alone takes seconds).
 
     python scripts/bench_scoring.py --scale 0.1
+    python scripts/bench_scoring.py --families python_tests --repeats 3
 """
 
 from __future__ import annotations
@@ -153,6 +158,30 @@ def _naive_code(pairs) -> tuple[float, list]:
     return time.perf_counter() - started, verdicts
 
 
+def _python_tests_rules(directory: str, code_pairs, args) -> dict:
+    """The python_tests tasks under the reference's and the strict rules, alternating."""
+    pairs = [pair for pair in code_pairs if pair[0]["metric"] == "python_tests"]
+    paths = _write_suite(directory, "python_tests", pairs)
+    best, files = {}, {}
+    for repeat in range(args.repeats):
+        for rules in ("reference", "strict"):
+            run = _rescore(directory, "python_tests", paths, args.workers, code_verdicts=rules,
+                           tag=f"_{rules}_{repeat}")
+            best[rules] = min(best.get(rules, run[0]), run[0])
+            files[rules] = run[1]
+    ratio = best["strict"] / best["reference"]
+    same = files["reference"] == files["strict"]
+    for rules, seconds in best.items():
+        print(f"{'python_tests ' + rules:24s} {len(pairs):6d} tasks  pool({args.workers}) "
+              f"{len(pairs) / seconds:8.2f}/s (best of {args.repeats})", flush=True)
+    print(f"strict python_tests take {ratio:.2f}x the reference rules' time "
+          f"(goal <= 1.5x: {'met' if ratio <= 1.5 else 'NOT met'}); "
+          f"same predictions.jsonl: {same}", flush=True)
+    return {"tasks": len(pairs), "reference_seconds": best["reference"],
+            "strict_seconds": best["strict"], "strict_over_reference": ratio,
+            "same_files": same}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", type=float, default=1.0,
@@ -164,7 +193,13 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2,
                         help="pooled code runs per sandbox setting (alternating; best is kept)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--families", default="multiple_choice,math,code,python_tests",
+                        help="comma list of the parts to run (default: all)")
     args = parser.parse_args()
+    wanted = set(args.families.split(","))
+    unknown = wanted - {"multiple_choice", "math", "code", "python_tests"}
+    if unknown:
+        parser.error(f"--families: unknown part(s) {', '.join(sorted(unknown))}")
     if args.repeats < 1 or args.workers < 1:
         parser.error("--repeats and --workers must be at least 1")
     rng = random.Random(args.seed)
@@ -183,7 +218,11 @@ def main() -> int:
         score(task, text)
     results = {}
     with tempfile.TemporaryDirectory(prefix="alodlm-bench-") as directory:
+        if "python_tests" in wanted:
+            results["python_tests_rules"] = _python_tests_rules(directory, families["code"], args)
         for name, pairs in families.items():
+            if name not in wanted:
+                continue
             paths = _write_suite(directory, name, pairs)
             serial = _rescore(directory, name, paths, 1)
             pooled = _rescore(directory, name, paths, args.workers)
@@ -204,6 +243,9 @@ def main() -> int:
             if name == "code":
                 rows = [json.loads(line) for line in pooled[1].decode().splitlines()]
                 pooled_verdicts = [row["correct"] for row in rows]
+        if "code" not in wanted:
+            print(json.dumps(results))
+            return 0
         paths = _write_suite(directory, "code", families["code"])
         settings = {"sandbox on": ("on", "reference"), "sandbox off": ("off", "reference"),
                     "sandbox on, strict": ("on", "strict")}
@@ -235,6 +277,9 @@ def main() -> int:
               f"{naive_rate:8.1f}/s  same verdicts: {same}")
         speedup = results["code"]["pool_tasks_per_s"] / naive_rate
         print(f"code pool / naive speed-up: {speedup:.2f}x")
+    if not {"multiple_choice", "math"} <= wanted:
+        print(json.dumps(results))
+        return 0
     mc, math_ = results["multiple_choice"], results["math"]
     goals = {
         "multiple_choice >= 20000/s (wall)": mc["pool_tasks_per_s"] >= 20000,

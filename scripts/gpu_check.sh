@@ -4,17 +4,21 @@
 # Builds random bf16 checkpoints with the released models' shapes directly as JAX params on the
 # device (no torch, no files, nothing downloaded), runs the portable and the compiled engine on
 # them, and prints tokens/s, ms per recurrent pass, compile seconds, and the per-pass time against
-# the HBM roofline (bytes of the weights one pass reads / 4.8 TB/s).
+# the HBM roofline (bytes of the weights one pass reads / 4.8 TB/s); then the batch sweep: the
+# compiled engine with continuous batching at each --batches size on the same prompts, suite
+# tokens/s against one request at a time, and XLA's cost analysis of one batch step (bytes moved
+# / 4.8 TB/s: the step time the bandwidth allows) beside the measured time per step.
 #
 #   1.7B-shaped: 28 layers, loop [0,28), H 2048, I 6144, 16/8 heads x 128, vocab 151936
 #   8B-shaped:   36 layers, loop [10,26), H 4096, I 12288, 32/8 heads x 128, vocab 151936
 #
-# Usage:  bash scripts/gpu_check.sh [--tiny] [--max_new_tokens N] [--models 1.7b,8b] [--layouts]
+# Usage:  bash scripts/gpu_check.sh [--tiny] [--max_new_tokens N] [--models 1.7b,8b] [--batches 1,8,32]
+#                                  [--layouts | --layouts_only]
 #   --tiny     small shapes of both topologies, for a CPU smoke test of this script.
 #   --layouts  (issue 20, block "LAYOUTS" below) also the compiled engine with continuous batching
 #              on every ("data", "model") mesh the visible devices allow (one H200: data=1,model=1
 #              through the mesh path), against one-device batch 1: tokens/s, same tokens, and the
-#              collectives of one batch step. --layouts_only skips the engine comparison above.
+#              collectives of one batch step. --layouts_only runs only that block.
 # Run from the repository root (or anywhere: it adds the repository to PYTHONPATH).
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -28,67 +32,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from alodlm_convert.config import ModelConfig
 from alodlm_jax.config import DecodeConfig
+from alodlm_jax.decode import batched
 from alodlm_jax.decode.compiled import CompiledEngine
 from alodlm_jax.decode.portable import PortableEngine
-from alodlm_jax.model import unstack_layers
+from alodlm_jax.testing.released_shapes import model_config, random_params
 
 HBM_BYTES_PER_SECOND = 4.8e12  # H200
-
-SHAPES = {
-    "1.7b": dict(num_hidden_layers=28, loop_start=0, loop_end=28, hidden_size=2048,
-                 intermediate_size=6144, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-                 vocab_size=151936),
-    "8b": dict(num_hidden_layers=36, loop_start=10, loop_end=26, hidden_size=4096,
-               intermediate_size=12288, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-               vocab_size=151936),
-}
-TINY = {
-    "1.7b": dict(num_hidden_layers=4, loop_start=0, loop_end=4, hidden_size=64, intermediate_size=192,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512),
-    "8b": dict(num_hidden_layers=6, loop_start=2, loop_end=4, hidden_size=64, intermediate_size=192,
-               num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512),
-}
-
-
-def make_config(shape: dict) -> ModelConfig:
-    return ModelConfig(rope_theta=1_000_000.0, rms_norm_eps=1e-6, max_position_embeddings=40960,
-                       max_depth=4, mask_token_id=shape["vocab_size"] - 271, **shape)
-
-
-def random_params(cfg: ModelConfig, dtype, seed: int, head_scale: float):
-    """The DESIGN.md params pytree, random, generated on the default device in ``dtype``."""
-    key = iter(jax.random.split(jax.random.PRNGKey(seed), 64))
-    h, i, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
-    nq, nkv, dh = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-
-    def normal(shape, std):
-        return (jax.random.normal(next(key), shape, jnp.float32) * std).astype(dtype)
-
-    def ones_ish(shape):
-        return (1.0 + 0.1 * jax.random.normal(next(key), shape, jnp.float32)).astype(dtype)
-
-    def stack(n):
-        return {
-            "input_norm": ones_ish((n, h)),
-            "q": normal((n, h, nq, dh), 0.02), "k": normal((n, h, nkv, dh), 0.02),
-            "v": normal((n, h, nkv, dh), 0.02), "o": normal((n, nq, dh, h), 0.02),
-            "q_norm": ones_ish((n, dh)), "k_norm": ones_ish((n, dh)), "post_norm": ones_ish((n, h)),
-            "gate_proj": normal((n, h, i), 0.02), "up_proj": normal((n, h, i), 0.02),
-            "down_proj": normal((n, i, h), 0.02),
-        }
-
-    return {
-        "embed": normal((v, h), 0.02),
-        "final_norm": ones_ish((h,)),
-        "lm_head": normal((h, v), 0.02 * head_scale),
-        "gate": {"weight": normal((h,), 0.5).astype(jnp.float32), "bias": jnp.float32(-0.25),
-                 "depth_bias": jnp.asarray([-0.7, 0.2, 0.8, 0.0], jnp.float32)},
-        "prelude": stack(cfg.num_prelude_layers),
-        "core": stack(cfg.num_core_layers),
-        "coda": stack(cfg.num_coda_layers),
-    }
 
 
 def pass_bytes(params) -> int:
@@ -96,6 +46,41 @@ def pass_bytes(params) -> int:
     leaves = jax.tree_util.tree_leaves((params["core"], params["coda"], params["final_norm"],
                                         params["lm_head"], params["gate"]))
     return int(sum(x.size * x.dtype.itemsize for x in leaves))
+
+
+def batch_sweep(cfg, params, batches, args) -> bool:
+    """Suite tokens/s of continuous batching at each batch size against one request at a time
+    (the same 2 * max(batches) prompts, entropy mode), and per step: measured ms against XLA's
+    cost analysis of one step on this backend (bytes moved / 4.8 TB/s)."""
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(0, cfg.mask_token_id, size=args.prompt_tokens).tolist()
+               for _ in range(2 * max(batches))]
+    decode = DecodeConfig(q=0.5, tau=0.4, window_size=args.window_size,
+                          max_new_tokens=args.max_new_tokens, mode="entropy")
+    single = CompiledEngine(cfg, params, decode, [])
+    single.generate(prompts[0])
+    alone = [single.generate(p) for p in prompts]
+    base = sum(len(o.token_ids) for o in alone) / sum(o.wall_seconds for o in alone)
+    print(f"  batch sweep ({len(prompts)} prompts): one at a time {base:9.1f} tok/s", flush=True)
+    same_all = True
+    for b in batches:
+        engine = CompiledEngine(cfg, params, decode, [], batch_size=b)
+        engine.generate_batch(prompts[:b])  # compiles, warms
+        t0 = time.perf_counter()
+        outs = engine.generate_batch(prompts)
+        wall = time.perf_counter() - t0
+        tokens = sum(len(o.token_ids) for o in outs)
+        steps = sum(engine.last_live_steps.values()) / b  # request-passes / slots ~ steps
+        same = all(a.token_ids == o.token_ids for a, o in zip(alone, outs))
+        same_all &= same
+        cost = batched.step_analysis(cfg, params, engine.bucket_for(args.prompt_tokens, batch=b))
+        floor_ms = 1e3 * cost["bytes_moved"] / HBM_BYTES_PER_SECOND
+        print(f"  batch {b:>3}: {tokens / wall:9.1f} tok/s (x{tokens / wall / base:5.2f} one at a "
+              f"time)  ~{1e3 * wall / max(steps, 1):7.3f} ms/step; XLA step: "
+              f"{cost['bytes_moved'] / 1e9:.3f} GB moved (floor {cost['floor_bytes'] / 1e9:.3f}, "
+              f"x{cost['moved_over_floor']:.2f}) -> {floor_ms:.3f} ms at 4.8 TB/s; "
+              f"{cost['flops'] / 1e9:.0f} GFLOP; same tokens: {same}", flush=True)
+    return same_all
 
 
 def main() -> int:
@@ -106,6 +91,8 @@ def main() -> int:
     parser.add_argument("--window_size", type=int, default=16)
     parser.add_argument("--prompt_tokens", type=int, default=64)
     parser.add_argument("--head_scale", type=float, default=8.0)
+    parser.add_argument("--batches", default="1,8,32",
+                        help="batch sizes of the continuous-batching sweep ('' to skip it)")
     parser.add_argument("--layouts", action="store_true")
     parser.add_argument("--layouts_only", action="store_true")
     parser.add_argument("--layout_batch", type=int, default=8)
@@ -119,11 +106,11 @@ def main() -> int:
     dtype = jnp.bfloat16
     ok = True
     for name in [m for m in args.models.split(",") if m and not args.layouts_only]:
-        cfg = make_config((TINY if args.tiny else SHAPES)[name])
+        cfg = model_config(name, tiny=args.tiny)
         t0 = time.perf_counter()
         # Per-layer weights: the layout Generator.load uses (a stacked group would copy each
         # layer's weights out of the stack on every call, doubling a pass's memory traffic).
-        params = unstack_layers(random_params(cfg, dtype, seed=0, head_scale=args.head_scale))
+        params = random_params(cfg, dtype, seed=0, head_scale=args.head_scale)
         jax.block_until_ready(params)
         weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(params))
         per_pass = pass_bytes(params)
@@ -156,6 +143,9 @@ def main() -> int:
             same = tokens["portable"] == tokens["compiled"]
             ok &= same
             print(f"  {mode:<8}same tokens portable/compiled: {same}", flush=True)
+        batches = [int(b) for b in args.batches.split(",") if b]
+        if batches:
+            ok &= batch_sweep(cfg, params, batches, args)
         del params
     if args.layouts or args.layouts_only:
         ok &= check_layouts(args, dtype)
@@ -183,7 +173,7 @@ def check_layouts(args, dtype) -> bool:
     ok = True
     count = len(jax.local_devices())
     for name in [m for m in args.models.split(",") if m]:
-        cfg = make_config((TINY if args.tiny else SHAPES)[name])
+        cfg = model_config(name, tiny=args.tiny)
         rng = np.random.default_rng(2)
         prompts = [rng.integers(0, cfg.mask_token_id, size=args.prompt_tokens).tolist()
                    for _ in range(args.layout_prompts)]

@@ -3,7 +3,7 @@
 The scoring and evaluation tests run model code in-process through ``subprocess`` and evalplus's
 ``multiprocessing`` (fork). Forking a process whose JAX backend is running can deadlock (JAX warns
 about it), so those tests run first, before any test starts a JAX backend. Production code never
-does this: the evaluator scores code in fresh interpreters (``alodlm_scoring.isolation``). A test
+does this: the evaluator scores code in fresh interpreters (``alodlm_scoring.pool``). A test
 in those folders that starts a JAX backend (generate mode) is marked ``jax_backend`` and runs with
 the others, later.
 

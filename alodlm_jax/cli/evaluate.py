@@ -3,7 +3,8 @@ score it, or rescore existing local predictions without loading a model (--predi
 
 Writes predictions.jsonl (one line per task, in task order) and summary.json (per-benchmark
 percent scores, their unweighted macro average, suite wall time and tokens per second, and a
-protocol block) into --output, and prints the summary. Non-code metrics are scored in this process;
+protocol block) into --output, and ends with a short table: per-benchmark scores, the macro score,
+tokens per second and the output files (--print_summary_json prints summary.json's JSON instead). Non-code metrics are scored in this process;
 code metrics in a pool of fresh Python interpreters (--workers). Rescore mode never imports JAX.
 """
 
@@ -56,6 +57,10 @@ flags.DEFINE_boolean("math_in_workers", True, "Rescore mode with --workers > 1: 
 flags.DEFINE_boolean("overlap_scoring", False, "Generate mode: score code tasks in the pool "
                      "while later tasks are generated. Off by default so that scoring never "
                      "competes with the timed generation for the CPU.", flag_values=FLAGS)
+flags.DEFINE_boolean("print_summary_json", False, "End by printing summary.json's JSON on stdout "
+                     "(the reference's output; the closing table then goes to stderr) instead "
+                     "of the table of per-benchmark scores, macro score, tokens/s and output "
+                     "files.", flag_values=FLAGS)
 flags.DEFINE_boolean("resume", False, "Continue an interrupted run in --output: keep its "
                      "predictions.jsonl rows (checked against the tasks), drop a torn last line, "
                      "score the rest; the files equal an uninterrupted run's.", flag_values=FLAGS)
@@ -143,33 +148,14 @@ class ProgressReporter:
         self.stream.flush()
 
 
-def benchmark_table(summary: Mapping[str, Any]) -> str:
-    """A short per-benchmark table for stderr."""
-    rows = [("benchmark", "examples", "correct", "score %", "tokens/s")]
-    for name, values in summary["benchmarks"].items():
-        rows.append((str(name), str(values["examples"]), str(values["correct"]),
-                     f"{values['score_percent']:.2f}", f"{values['tokens_per_second']:.1f}"))
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
-    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
-                       for i, (cell, w) in enumerate(zip(row, widths))) for row in rows]
-    lines.append(
-        f"macro over {summary['benchmark_count']} benchmark(s): "
-        f"{summary['macro_score_percent']:.2f} %; suite wall {summary['suite_wall_seconds']:.3f} s; "
-        f"{summary['suite_tokens_per_second']:.1f} tokens/s"
-    )
-    failures = summary.get("protocol", {}).get("scoring_failures") or []
-    if failures:
-        lines.append(f"{len(failures)} task(s) scored incorrect by a scoring failure (see protocol)")
-    return "\n".join(lines) + "\n"
-
-
 # --------------------------------------------------------------------------------------------
 # The command
 # --------------------------------------------------------------------------------------------
 
 
 def build_generator(decode: DecodeConfig, device: str, engine: str | None = None,
-                    compilation_cache_dir: str | None = None):
+                    compilation_cache_dir: str | None = None, *,
+                    flag_values: flags.FlagValues | None = None):
     """The generate-mode generator from ``alodlm_jax.generate`` (imports JAX).
 
     Contract: ``.check_prompt(prompt_text)`` (ValueError when the decoder would refuse it),
@@ -178,6 +164,7 @@ def build_generator(decode: DecodeConfig, device: str, engine: str | None = None
     compile_seconds; with ``--batch_size > 1`` also ``.warmup_batches(groups of prompt texts)`` and
     ``.generate_batch(prompt_texts) -> result dicts`` (in input order).
     """
+    fv = FLAGS if flag_values is None else flag_values
     try:
         from alodlm_jax import generate as generation
     except ModuleNotFoundError as error:
@@ -186,15 +173,46 @@ def build_generator(decode: DecodeConfig, device: str, engine: str | None = None
                                "(alodlm_jax.generate is missing); rescore with --predictions") from None
         raise
     return generation.build_generator(
-        model=FLAGS.model,
-        model_config=FLAGS.model_config,
+        model=fv.model,
+        model_config=fv.model_config,
         device=device,
-        precision=FLAGS.precision,
+        precision=fv.precision,
         decode_config=decode,
-        engine=engine or FLAGS.engine,
+        engine=engine or fv.engine,
         compilation_cache_dir=compilation_cache_dir,
-        batch_size=FLAGS.batch_size,
+        batch_size=fv.batch_size,
     )
+
+
+def generator_from_flags(flag_values: flags.FlagValues, decode: DecodeConfig, *,
+                         several_processes: bool = False):
+    """The generator that the model flags ask for (``--model``, ``--model_config``, ``--device``,
+    ``--precision``, ``--engine``, ``--batch_size``, ``--mesh``, the compilation flags) with the
+    decoding configuration ``decode``; returns ``(generator, engine name, device)``. Imports JAX.
+
+    One definition for generate mode and for other front ends that take these flags' values
+    (``alodlm_jax.harness``: lm-eval's ``model_args``).
+    """
+    fv = flag_values
+    if not fv.model:
+        raise ValueError("--model is required for generation")
+    engine = fv.engine  # no fallback: the engine asked for (or the default) runs, or none
+    from alodlm_jax import sharding
+    from alodlm_jax.generate import check_batch_size, default_device  # imports JAX
+
+    mesh = sharding.MeshSpec.parse(fv.mesh)
+    check_batch_size(engine, fv.batch_size)
+    sharding.check_layout(mesh, engine, fv.batch_size)
+    device = fv.device or default_device()
+    cache_dir = apply_compilation_flags(fv)
+    if fv.mesh is not None or several_processes:  # scaling out: local devices, mesh
+        generator = sharding.build_generator(
+            model=fv.model, mesh=mesh, model_config=fv.model_config, device=device,
+            precision=fv.precision, decode_config=decode, engine=engine,
+            compilation_cache_dir=cache_dir, batch_size=fv.batch_size)
+    else:
+        generator = build_generator(decode, device, engine, cache_dir, flag_values=fv)
+    return generator, engine, device
 
 
 def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConfig,
@@ -203,28 +221,14 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
     from alodlm_scoring.manifest import suite_manifest
     from alodlm_scoring.tasks import sha256_file
 
-    if not FLAGS.model:
-        raise ValueError("--model is required for generation")
     batch_size = FLAGS.batch_size
-    engine = FLAGS.engine  # no fallback: the engine asked for (or the default) runs, or none
-    from alodlm_jax import sharding
-    from alodlm_jax.generate import check_batch_size, default_device  # JAX: generate mode only
-
-    mesh = sharding.MeshSpec.parse(FLAGS.mesh)
-    check_batch_size(engine, batch_size)
-    sharding.check_layout(mesh, engine, batch_size)
-
-    device = FLAGS.device or default_device()
-    cache_dir = apply_compilation_flags(FLAGS)
     input_sha256 = sha256_file(FLAGS.input)
     manifest = suite_manifest(FLAGS.input)
-    if FLAGS.mesh is not None or _process_info is not None:  # scaling out: local devices, mesh
-        generator = sharding.build_generator(
-            model=FLAGS.model, mesh=mesh, model_config=FLAGS.model_config, device=device,
-            precision=FLAGS.precision, decode_config=decode, engine=engine,
-            compilation_cache_dir=cache_dir, batch_size=batch_size)
-    else:
-        generator = build_generator(decode, device, engine, cache_dir)
+    generator, engine, device = generator_from_flags(
+        FLAGS, decode, several_processes=_process_info is not None)
+    from alodlm_jax import sharding
+
+    mesh = sharding.MeshSpec.parse(FLAGS.mesh)
     from alodlm_jax.generate import check_task_prompts
 
     check_task_prompts(generator, tasks)  # D9: every prompt, before the first is decoded
@@ -341,10 +345,27 @@ def _evaluate() -> int:
         summary = _rescore_mode(tasks, state, progress)
     else:
         summary = _generate_mode(tasks, state, decode, progress)
-    sys.stderr.write(benchmark_table(summary))
-    sys.stderr.flush()
-    print(json.dumps(summary, indent=2), flush=True)
+    from alodlm_scoring.summary_table import summary_table
+
+    table = summary_table(summary, _output_files(state))
+    if FLAGS.print_summary_json:  # the reference's stdout: the summary's JSON
+        sys.stderr.write(table)
+        sys.stderr.flush()
+        print(json.dumps(summary, indent=2), flush=True)
+    else:
+        sys.stdout.write(table)
+        sys.stdout.flush()
     return 0
+
+
+def _output_files(state) -> list[str]:
+    """The files the closing table names: this run's predictions and summary (a multi-process
+    run's coordinator: the merged ones; another process: its shard's)."""
+    from alodlm_scoring.evaluation import PREDICTIONS_FILE, SUMMARY_FILE
+
+    if _process_info is not None and not _process_info.is_coordinator:
+        return [state.predictions_path, state.summary_path]
+    return [os.path.join(FLAGS.output, PREDICTIONS_FILE), os.path.join(FLAGS.output, SUMMARY_FILE)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

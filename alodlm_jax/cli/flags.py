@@ -27,6 +27,7 @@ from typing import Callable, Iterator, Sequence
 from absl import flags
 
 __all__ = ["USER_ERRORS", "FlagError", "normalize_argv", "parse_flags", "run_command", "error_line",
+           "first_line",
            "define_decode_flags", "decode_config_from_flags", "naming_decode_flags",
            "define_model_flags", "define_code_scoring_flags", "code_scoring_from_flags",
            "define_compilation_flags", "apply_compilation_flags", "default_compilation_cache_dir"]
@@ -45,7 +46,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         UnicodeDecodeError,
     ]
     try:
-        from alodlm_scoring.isolation import WorkerError
+        from alodlm_scoring.pool import WorkerError
 
         errors.append(WorkerError)
     except ImportError:  # pragma: no cover
@@ -91,11 +92,16 @@ def normalize_argv(argv: Sequence[str], flag_values: flags.FlagValues) -> list[s
 
 def error_line(prog: str, message: object) -> str:
     """The one-line error report: ``<prog>: error: <first line of message>``."""
+    return f"{prog}: error: {first_line(message)}"
+
+
+def first_line(message: object) -> str:
+    """The first line of an error message (a ``KeyError`` reads ``missing key '...'``; an
+    exception without a message, its type's name)."""
     text = str(message).strip() or type(message).__name__
     if isinstance(message, KeyError) and len(message.args) == 1:
         text = f"missing key {message.args[0]!r}"
-    first = text.splitlines()[0] if text else text
-    return f"{prog}: error: {first}"
+    return text.splitlines()[0] if text else text
 
 
 def parse_flags(argv: Sequence[str], flag_values: flags.FlagValues,

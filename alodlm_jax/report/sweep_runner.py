@@ -97,7 +97,7 @@ class EvaluationPointRunner:
 
     def _scoring_pool(self):
         if self._pool is None:
-            from alodlm_scoring.isolation import ScoringPool
+            from alodlm_scoring.pool import ScoringPool
 
             # Workers start on the first code task.
             self._pool = ScoringPool(self.workers, sandbox=self.code_sandbox,

@@ -8,7 +8,9 @@ Layout (one job per module):
 * :mod:`.process` — the sandbox's processes (outer, host, program), written once;
 * :mod:`.zygote` — starting the sandbox, the worker's handle on it, the host's serve loop;
 * :mod:`.jobs` — functions run inside the sandbox (evalplus's checker, strict output capture,
-  canonical-solution ground truth).
+  canonical-solution ground truth, the test process of strict python_tests);
+* :mod:`.calls` — strict python_tests' call channel: the test process's side, and the program
+  process's command (:mod:`.program_server`).
 
 :class:`Sandbox` is what a scoring worker uses. It works with whatever the machine allows: a
 missing mechanism (an older kernel, a container that refuses namespaces) is left out and named in
@@ -70,14 +72,19 @@ class Sandbox:
         return self._zygote.missing
 
     def run_command(self, argv: Sequence[str], *, timeout: float,
-                    files: Mapping[str, str] | None = None, stdin: bytes = b"") -> Result:
+                    files: Mapping[str, str] | None = None) -> Result:
         """``exec`` ``argv`` in the sandbox (working directory holding ``files``)."""
-        return self._zygote.run(Run(timeout=timeout, argv=tuple(argv), files=dict(files or {}),
-                                    stdin=stdin))
+        return self._zygote.run(Run(timeout=timeout, argv=tuple(argv), files=dict(files or {})))
 
-    def run_job(self, job: str, payload: Any, *, timeout: float) -> Result:
-        """Call ``jobs.JOBS[job](payload, ...)`` in a sandboxed fork of the zygote."""
-        return self._zygote.run(Run(timeout=timeout, job=job, payload=payload))
+    def run_job(self, job: str, payload: Any, *, timeout: float,
+                server: Sequence[str] | None = None,
+                files: Mapping[str, str] | None = None) -> Result:
+        """Call ``jobs.JOBS[job](payload, ...)`` in a sandboxed fork of the zygote; with
+        ``server``, that command runs beside it (working directory holding ``files``) as the
+        run's second program process, connected to the job by a channel (:class:`Run`)."""
+        return self._zygote.run(Run(timeout=timeout, job=job, payload=payload,
+                                    server=None if server is None else tuple(server),
+                                    files=dict(files or {})))
 
     def close(self) -> None:
         self._zygote.close()

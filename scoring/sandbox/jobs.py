@@ -16,6 +16,9 @@ sandbox lets programs read only the Python installation and the system's librari
   (:mod:`alodlm_scoring.plaindata`) and the worker compares them.
 * ``groundtruth``: evalplus's ``trusted_exec`` on a canonical solution (expected outputs and
   reference timings for ``alodlm-jax-prepare``).
+* ``python_tests``: strict rules. The test process of a python_tests run: the task's test program
+  with the program's names as handles on the run's server, the program process
+  (:mod:`alodlm_scoring.sandbox.calls`); its exit status is the verdict.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from evalplus.eval.utils import TimeoutException, create_tempdir, reliability_gu
 from evalplus.gen.util import trusted_exec
 
 from .. import plaindata
+from . import calls
 from .process import JobContext, nested_landlock
 
 __all__ = ["JOBS"]
@@ -124,9 +128,16 @@ def groundtruth(payload: dict, context: JobContext) -> None:
     _line(context.result_fd, json.dumps(groundtruth_reply(payload)))
 
 
+def python_tests(payload: dict, context: JobContext) -> None:
+    """:func:`calls.run_tests` (it never returns: the exit status is the verdict)."""
+    calls.run_tests(payload["tests"], context.channel_fd, context.read_paths,
+                    flags=payload["flags"])
+
+
 JOBS = {
     "probe": probe,
     "evalplus_check": evalplus_check,
     "evalplus_outputs": evalplus_outputs,
     "groundtruth": groundtruth,
+    "python_tests": python_tests,
 }

@@ -24,13 +24,23 @@ Each run (:meth:`Host.run`):
    until none is left, so that whatever the program did (``setsid``, double forks, ignoring
    SIGTERM) nothing of it outlives the run, before the result goes back. Without a pid
    namespace the host is a child subreaper and kills its children until none is left.
-4. **Program process** (forked from the host). Gets descriptors 0 (the run's stdin or
-   ``/dev/null``), 1 and 2 (``/dev/null``) and 3 (the result pipe) and nothing else, leads its
-   own session, works in the working directory, sets hard resource limits, sets
-   ``PR_SET_NO_NEW_PRIVS``, drops every capability, applies Landlock (read and execute beneath
-   the allowed paths, write only in its tmpfs's, no TCP, no signals or ptrace outside its
-   domain), reports which mechanisms it applied, and then either ``exec``\\ s the run's command
-   (with the environment allowlist) or calls a job of :mod:`alodlm_scoring.sandbox.jobs`.
+4. **Program process** (forked from the host). Gets descriptors 0, 1 and 2 (``/dev/null``)
+   and 3 (the result pipe) and nothing else, leads its own session, works in the working
+   directory, sets hard resource limits, sets ``PR_SET_NO_NEW_PRIVS``, drops every capability,
+   applies Landlock (read and execute beneath the allowed paths, write only in its tmpfs's, no
+   TCP, no signals or ptrace outside its domain), reports which mechanisms it applied, and then
+   either ``exec``\\ s the run's command (with the environment allowlist) or calls a job of
+   :mod:`alodlm_scoring.sandbox.jobs`.
+5. **A run with a server** (strict python_tests, :mod:`alodlm_scoring.sandbox.calls`): the host
+   also makes a socket pair and forks two program processes set up as above: the server's
+   (which ``exec``\\ s the server command with one end as descriptor 3 and the working directory
+   as usual) and then the job's (the test process, which gets the other end as descriptor 5,
+   works in ``/`` and may write nowhere but ``/dev/null``-like devices). Each applies its own
+   Landlock domain, so neither can signal or trace the other, and the host's forks are not
+   dumpable, so without Landlock the server's program still cannot read the test process's
+   memory or descriptors. The host waits for the job; when it exited with 0 it gives the server
+   the rest of the deadline to end by itself (``Result.server_code``); then ``kill(-1)`` ends
+   both, as any run.
 
 A mechanism the probe run found working is *required* in every later run: if it fails to apply,
 the program is not started and the run reports ``setup_failed`` (fail closed).
@@ -39,12 +49,14 @@ the program is not started and the run reports ``setup_failed`` (fail closed).
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import resource
 import select
 import shutil
 import signal
+import socket
 import tempfile
 import time
 from typing import Any, Callable, Mapping, Sequence
@@ -52,11 +64,12 @@ from typing import Any, Callable, Mapping, Sequence
 from . import landlock, linux
 
 __all__ = ["Run", "Limits", "Policy", "Result", "JobContext", "Host", "SetupFailed",
-           "enter_namespaces", "write_paths", "nested_landlock", "RESULT_FD"]
+           "enter_namespaces", "write_paths", "nested_landlock", "RESULT_FD", "CHANNEL_FD"]
 
 RESULT_FD = 3
 _CONTROL_FD = 4
-_MAX_STDIN = 60 * 1024  # fits in a pipe buffer: written before the fork, never blocks
+CHANNEL_FD = 5  # a job's end of the channel to its run's server
+_DEVICES = (os.devnull, "/dev/zero", "/dev/full")
 _RESTORED_SIGNALS = ("SIGPIPE", "SIGXFSZ", "SIGINT", "SIGTERM", "SIGHUP", "SIGCHLD", "SIGALRM",
                      "SIGUSR1", "SIGUSR2")
 _NAMESPACES = (("mount-namespace", linux.CLONE_NEWNS), ("pid-namespace", linux.CLONE_NEWPID),
@@ -111,14 +124,19 @@ class Policy:
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-    """One command (``argv``) or job (``job`` name + ``payload``) to run in the sandbox."""
+    """One command (``argv``) or job (``job`` name + ``payload``) to run in the sandbox.
+
+    A job may have a ``server``: a command run beside it, as a second program process of the
+    same run, with one end of a socket pair as its descriptor 3 and the other end as the job's
+    :attr:`JobContext.channel_fd`. The run's result is the job's, with the server's own exit
+    status (:attr:`Result.server_code`) when it ended by itself after the job."""
 
     timeout: float
     argv: Sequence[str] | None = None
     job: str | None = None
     payload: Any = None
     files: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    stdin: bytes = b""
+    server: Sequence[str] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,12 +146,15 @@ class JobContext:
     read_paths: tuple[str, ...]
     write_paths: tuple[str, ...]
     result_fd: int
+    channel_fd: int | None = None  # the channel to the run's server, when it has one
 
 
 @dataclasses.dataclass(frozen=True)
 class Result:
     """How a run ended. ``status``: ``exited`` (``code``), ``signaled`` (``signal``),
-    ``timeout``, ``setup_failed`` or ``lost`` (the sandbox itself failed)."""
+    ``timeout``, ``setup_failed`` or ``lost`` (the sandbox itself failed). With a server:
+    ``server_code``, the server's exit status when the job exited with 0 and the server then
+    exited by itself before the deadline (``None`` otherwise: it was killed)."""
 
     status: str
     code: int | None = None
@@ -143,6 +164,7 @@ class Result:
     elapsed: float = 0.0
     mechanisms: tuple[str, ...] = ()
     error: str | None = None
+    server_code: int | None = None
 
 
 class SetupFailed(Exception):
@@ -321,35 +343,53 @@ class Host:
                 linux.unshare(linux.CLONE_NEWIPC)
         except (OSError, SetupFailed) as error:
             return Result("setup_failed", error=f"{type(error).__name__}: {error}")
-        if len(run.stdin) > _MAX_STDIN:
-            return Result("setup_failed", error="sandbox stdin is limited to 60 KiB")
+        if run.server is not None and run.job is None:
+            return Result("setup_failed", error="only a job can have a server")
+        mechanisms = self.mechanisms + fresh
+        channel = server_control = server = None
+        if run.server is not None:  # first: its interpreter starts while the job's process forks
+            channel, served = (end.detach() for end in socket.socketpair())
+            server_control, server_control_write = os.pipe()
+            server = os.fork()
+            if server == 0:  # ---- the server's program process
+                try:
+                    _program(Run(timeout=run.timeout, argv=run.server), self.policy, self.jobs,
+                             self.workdir, list(mechanisms), served, server_control_write)
+                finally:
+                    os._exit(126)
+            os.close(served)
+            os.close(server_control_write)
         result_read, result_write = os.pipe()
         control_read, control_write = os.pipe()
-        stdin_read = None
-        if run.stdin:
-            stdin_read, stdin_write = os.pipe()
-            os.write(stdin_write, run.stdin)
-            os.close(stdin_write)
-        mechanisms = self.mechanisms + fresh
         program = os.fork()
-        if program == 0:  # ---- program process
+        if program == 0:  # ---- program process (with a server: the job's, the test process)
             try:
                 _program(run, self.policy, self.jobs, self.workdir, list(mechanisms),
-                         result_write, control_write, stdin_read)
+                         result_write, control_write, channel)
             finally:
                 os._exit(126)
-        for fd in (result_write, control_write, stdin_read):
+        for fd in (result_write, control_write, channel):
             if fd is not None:
                 os.close(fd)
+        deadline = time.monotonic() + max(run.timeout, 0.0)
+        server_code = None
         try:
             output, truncated, wait_status, timed_out = self._collect(
                 program, result_read, run.timeout, max_output)
+            if server is not None and not timed_out and wait_status == 0:
+                server_code = _exit_code(server, deadline)  # it ends as its channel closed
         finally:
             self._end_everything()
             os.close(result_read)
         reports = _read_all(control_read)
-        return _result(reports, wait_status, timed_out, output, truncated,
-                       time.monotonic() - started)
+        if server_control is not None:
+            failed = [r for r in _read_all(server_control) if "setup_error" in r]
+            if failed:  # the job's own verdict means nothing without its server
+                return Result("setup_failed", error="server: " + failed[0]["setup_error"],
+                              elapsed=time.monotonic() - started)
+        result = _result(reports, wait_status, timed_out, output, truncated,
+                         time.monotonic() - started)
+        return dataclasses.replace(result, server_code=server_code)
 
     def _collect(self, program: int, result_read: int, timeout: float,
                  max_output: int) -> tuple[bytes, bool, int | None, bool]:
@@ -414,6 +454,19 @@ class Host:
                     pass
             except ChildProcessError:
                 return
+
+
+def _exit_code(pid: int, deadline: float) -> int | None:
+    """``pid``'s exit status if it exits by itself before ``deadline``, else ``None``."""
+    pidfd = os.pidfd_open(pid)
+    try:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([pidfd], [], [], remaining)[0]:
+            return None
+    finally:
+        os.close(pidfd)
+    _, status = os.waitpid(pid, 0)
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
 
 
 _ASIDE = "/.alodlm-below-tmp"
@@ -509,19 +562,32 @@ def _limits(policy: Policy) -> dict[int, int]:
 
 def _program(run: Run, policy: Policy, jobs: Mapping[str, Callable], workdir: str,
              mechanisms: list[str], result_write: int, control_write: int,
-             stdin_read: int | None) -> None:
+             channel: int | None = None) -> None:
+    """A program process. With a ``channel`` it is a server's client (the test process of
+    strict python_tests): it works in ``/`` and may write nowhere but the harmless devices, so
+    that nothing the server's program writes is where it reads, and nothing it holds is where
+    the server's program may write."""
     try:
         os.setsid()
+        # Out of the way of the numbers they get below, whatever numbers the host gave them.
+        result_write, control_write = (fcntl.fcntl(fd, fcntl.F_DUPFD, 10)
+                                       for fd in (result_write, control_write))
+        if channel is not None:
+            channel = fcntl.fcntl(channel, fcntl.F_DUPFD, 10)
         null = os.open(os.devnull, os.O_RDWR)
-        os.dup2(stdin_read if stdin_read is not None else null, 0)
+        os.dup2(null, 0)
         os.dup2(null, 1)
         os.dup2(null, 2)
         os.dup2(result_write, RESULT_FD)
         os.dup2(control_write, _CONTROL_FD)
-        linux.close_fds_except([RESULT_FD, _CONTROL_FD])
+        kept = [RESULT_FD, _CONTROL_FD]
+        if channel is not None:
+            os.dup2(channel, CHANNEL_FD)
+            kept.append(CHANNEL_FD)
+        linux.close_fds_except(kept)
         mechanisms.append("closed-file-descriptors")
         default_signals()
-        os.chdir(workdir)
+        os.chdir(workdir if channel is None else "/")
         os.umask(0o022)
         _attempt(mechanisms, policy, "hard-rlimits", lambda: linux.hard_limits(_limits(policy)))
         _attempt(mechanisms, policy, "no-new-privileges", linux.set_no_new_privs)
@@ -532,7 +598,7 @@ def _program(run: Run, policy: Policy, jobs: Mapping[str, Callable], workdir: st
             except OSError as error:
                 if "capabilities-dropped" in policy.required:
                     raise SetupFailed(f"capabilities-dropped: {error}") from None
-        writable = write_paths(workdir, mechanisms)
+        writable = write_paths(workdir, mechanisms) if channel is None else list(_DEVICES)
         _apply_landlock(policy, writable, mechanisms)
         environment = dict(policy.environment)
         environment.update(HOME=workdir, TMPDIR=os.path.join(workdir, "tmp"))
@@ -558,7 +624,8 @@ def _program(run: Run, policy: Policy, jobs: Mapping[str, Callable], workdir: st
     os.environ.update(environment)
     tempfile.tempdir = environment["TMPDIR"]  # the host's cached choice is not ours
     try:
-        jobs[run.job](run.payload, JobContext(policy.read_paths, tuple(writable), RESULT_FD))
+        jobs[run.job](run.payload, JobContext(policy.read_paths, tuple(writable), RESULT_FD,
+                                              None if channel is None else CHANNEL_FD))
     except BaseException:  # noqa: BLE001 - the job's own failure: the verdict reads the output
         os._exit(1)
     os._exit(0)
@@ -569,7 +636,7 @@ def write_paths(workdir: str, mechanisms: Sequence[str]) -> list[str]:
     directory), the harmless devices, ``/dev/shm`` (multiprocessing's semaphores; a private
     tmpfs when a mount namespace exists, else the machine's) and, in a minimal root, its
     private ``/tmp``."""
-    paths = [workdir, os.devnull, "/dev/zero", "/dev/full", "/dev/shm"]
+    paths = [workdir, *_DEVICES, "/dev/shm"]
     if "minimal-root" in mechanisms:
         paths.append("/tmp")
     return paths

@@ -95,8 +95,8 @@ def test_evaluate_generate_mode_then_rescore(sandwich, tmp_path, capsys):
     out_dir = tmp_path / "evaluated"
     status, out, err = _evaluate(["--model", str(sandwich.path), "--input", str(tasks),
                                   "--output", str(out_dir), "--device", "cpu", "--precision",
-                                  "fp32", "--q", "0.5", "--tau", "0.4", "--max-new-tokens", "64"],
-                                 capsys)
+                                  "fp32", "--q", "0.5", "--tau", "0.4", "--max-new-tokens", "64",
+                                  "--print_summary_json"], capsys)
     assert status == 0, err
     summary = json.loads((out_dir / "summary.json").read_text())
     assert summary == json.loads(out)

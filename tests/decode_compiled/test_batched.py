@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 
 from alodlm_jax.config import DecodeConfig
 from alodlm_jax.decode.batched import BATCH_TIMING
@@ -29,9 +30,9 @@ def _exact(out) -> dict:
     return obs
 
 
-def _engine(checkpoints, batch_size: int):
+def _engine(checkpoints, batch_size: int, mode: str = "entropy"):
     cfg, params = checkpoints.get("sandwich", 1, 24.0)
-    decode = DecodeConfig(q=0.5, tau=2.5, window_size=4, max_new_tokens=24)
+    decode = DecodeConfig(q=0.5, tau=2.5, window_size=4, max_new_tokens=24, mode=mode)
     # Token 23 appears early in the last request's output (seen on this checkpoint): that request
     # ends with "eos" after a few windows while the others continue.
     return CompiledEngine(cfg, params, decode, [2, 23], batch_size=batch_size, measure_prefill=False)
@@ -91,3 +92,22 @@ def test_finished_requests_are_replaced_by_waiting_ones(checkpoints):
     assert events.index(("admit", freed_slot, 2)) < next(k for k, e in enumerate(events)
                                                         if e[0] == "done" and e[2] == other)
     assert engine.generate_batch([]) == []
+
+
+@pytest.mark.parametrize("batch_size, mode", [
+    (1, "entropy"), (2, "left1"),
+    pytest.param(5, "entropy", marks=pytest.mark.slow), pytest.param(4, "left1", marks=pytest.mark.slow),
+    pytest.param(1, "left1", marks=pytest.mark.slow), pytest.param(8, "entropy", marks=pytest.mark.slow),
+])
+def test_every_batch_size_and_mode_equals_single_requests(checkpoints, batch_size, mode):
+    """The packed-row step (each step multiplies only the live requests' valid rows, the prelude
+    only for opening windows, completion only for stopping ones) changes no request's outputs,
+    whatever the batch size (more slots than requests included) and the mode."""
+    engine = _engine(checkpoints, batch_size=batch_size, mode=mode)
+    singles = [engine.generate(p) for p in PROMPTS]
+    batched = engine.generate_batch(PROMPTS)
+    for alone, together in zip(singles, batched):
+        assert _exact(together) == _exact(alone)
+        np.testing.assert_allclose(together.first_pass_halt_probabilities,
+                                   alone.first_pass_halt_probabilities, rtol=0, atol=1e-6)
+    assert engine.last_live_steps == {i: s.recurrent_passes for i, s in enumerate(singles)}

@@ -109,7 +109,7 @@ def test_evaluate_batch_2_equals_batch_1_and_resumes(tmp_path, capsys):
     assert all(r["wall_seconds"] > 0 for r in two)
 
     p1 = json.loads((tmp_path / "b1" / "summary.json").read_text())["protocol"]
-    p2 = json.loads(out)["protocol"]
+    p2 = json.loads((tmp_path / "b2" / "summary.json").read_text())["protocol"]
     assert "batch_size" not in p1 and "batch_timing" not in p1
     assert list(p2)[-2:] == ["batch_size", "batch_timing"]
     assert list(p2)[:-2] == list(p1)  # the batch keys come after every other key

@@ -13,10 +13,14 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_gpu_check_tiny_runs_on_cpu():
     done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--tiny",
-                           "--max_new_tokens", "16"], capture_output=True, text=True, timeout=900)
+                           "--max_new_tokens", "16", "--batches", "1,3"],
+                          capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "GPU_CHECK_DONE ok" in done.stdout
     assert done.stdout.count("same tokens portable/compiled: True") == 4
+    # The batch sweep: both sizes on both shapes, each with XLA's step analysis and equal tokens.
+    assert done.stdout.count("same tokens: True") == 4
+    assert done.stdout.count("batch   3:") == 2 and "GB moved (floor" in done.stdout
 
 
 @pytest.mark.slow
@@ -26,7 +30,7 @@ def test_bench_decode_quick_run(tmp_path):
     done = subprocess.run(
         ["python", str(ROOT / "scripts" / "bench_decode.py"), "--quick", "--models", "small",
          "--modes", "entropy", "--batch", "2", "--batch_prompts", "3", "--repeats", "1",
-         "--scaling", "", "--workdir", str(tmp_path / "work"), "--json", str(report)],
+         "--scaling", "", "--step_costs", "1,2", "--workdir", str(tmp_path / "work"), "--json", str(report)],
         capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     import json
@@ -40,3 +44,9 @@ def test_bench_decode_quick_run(tmp_path):
     for goal in model["goals"].values():
         assert goal["measured"] > 0 and goal["ceiling"] > 0
     assert "goal compiled/torch >= 10.0" in done.stdout
+    # XLA's cost and memory analysis of one batch step at each size, beside the floor.
+    costs = data["step_costs"]["small"]
+    assert [c["batch"] for c in costs] == [1, 2]
+    assert all(c["flops"] > 0 and 0 < c["floor_bytes"] <= c["bytes_moved"] for c in costs)
+    assert costs[1]["flops"] > costs[0]["flops"]
+    assert "one batch step, XLA cost/memory analysis" in done.stdout

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from alodlm_jax.cli import evaluate
+from alodlm_scoring.summary_table import COLUMNS, summary_table
 
 from . import suites
 
@@ -29,7 +30,8 @@ def _small_suite(directory):
 
 
 def _run(argv, capsys):
-    status = evaluate.main([PROG, *argv])
+    """Runs the command in-process; stdout is summary.json's JSON (``--print_summary_json``)."""
+    status = evaluate.main([PROG, *argv, "--print_summary_json"])
     captured = capsys.readouterr()
     return status, captured.out, captured.err
 
@@ -46,8 +48,10 @@ def test_user_guide_command_verbatim_console_script(tmp_path):
     assert completed.returncode == 0, completed.stderr
     out = tmp_path / "outputs" / "rescored"
     summary_text = (out / "summary.json").read_text()
-    assert completed.stdout == summary_text  # the same JSON, indent 2, printed to stdout
     summary = json.loads(summary_text)
+    # It ends with the short table, naming the files as the command was given them.
+    assert completed.stdout == summary_table(summary, ["outputs/rescored/predictions.jsonl",
+                                                       "outputs/rescored/summary.json"])
     assert summary["benchmark_count"] == 4
     protocol = summary["protocol"]
     assert protocol["decode"] is None and protocol["device"] is None
@@ -57,6 +61,36 @@ def test_user_guide_command_verbatim_console_script(tmp_path):
     assert protocol["predictions_sha256"] == digest
     assert protocol["input_sha256"] == hashlib.sha256(open(tasks_path, "rb").read()).hexdigest()
     assert len((out / "predictions.jsonl").read_text().splitlines()) == 4
+
+
+def test_the_closing_table_and_the_summary_json_flag(tmp_path, capsys):
+    tasks_path, predictions_path = _small_suite(tmp_path)
+    output = tmp_path / "out"
+    argv = [PROG, "--input", tasks_path, "--predictions", predictions_path, "--output"]
+    assert evaluate.main([*argv, str(output)]) == 0
+    table = capsys.readouterr().out
+    summary = json.loads((output / "summary.json").read_text())
+    lines = table.splitlines()
+    assert [cell.strip() for cell in lines[0].split("|")[1:-1]] == list(COLUMNS)
+    rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in lines[2:]
+            if line.startswith("|")}
+    assert list(rows) == list(summary["benchmarks"])
+    for name, cells in rows.items():
+        values = summary["benchmarks"][name]
+        assert [cell.strip() for cell in cells] == [
+            str(values["examples"]), str(values["correct"]), f"{values['score_percent']:.2f}",
+            f"{values['tokens_per_second']:.1f}"]
+    assert f"macro score: {summary['macro_score_percent']:.2f} %" in table
+    assert f"{summary['suite_tokens_per_second']:.1f} tokens/s" in table
+    assert lines[-2:] == [f"predictions.jsonl  {output / 'predictions.jsonl'}",
+                          f"summary.json       {output / 'summary.json'}"]
+    # --print_summary_json: stdout is the file's JSON (the reference's output), the table stderr.
+    assert evaluate.main([*argv, str(tmp_path / "again"), "--print_summary_json"]) == 0
+    captured = capsys.readouterr()
+    again = (tmp_path / "again" / "summary.json").read_text()
+    assert captured.out == again and captured.err.endswith(
+        summary_table(json.loads(again), [str(tmp_path / "again" / name)
+                                          for name in ("predictions.jsonl", "summary.json")]))
 
 
 @pytest.mark.parametrize("spelling", ["dash", "underscore"])

@@ -545,7 +545,7 @@ def test_corrected_command_runs_into_the_same_output(tmp_path, capsys):
     status, _, err = _run(["--input", tasks_path, *argv], capsys)
     assert status == 2 and "suites[1]" in err and not output.parent.exists()
     tasks_path, _ = _inputs(tmp_path, None)
-    status, out, err = _run(["--input", tasks_path, *argv], capsys)
+    status, out, err = _run(["--input", tasks_path, *argv, "--print_summary_json"], capsys)
     assert status == 0, err
     summary = json.loads(out)
     assert summary["benchmark_count"] == len(SUITE)

@@ -124,9 +124,9 @@ def test_resume_refuses_rows_of_another_run(tmp_path, reference_run, capsys):
 
 
 def test_resume_keeps_scoring_failures_of_the_first_part(tmp_path, monkeypatch, capsys):
-    from alodlm_scoring import isolation
+    from alodlm_scoring import pool as scoring_pool
 
-    monkeypatch.setattr(isolation, "parent_timeout", lambda record: 1.0)
+    monkeypatch.setattr(scoring_pool, "parent_timeout", lambda record: 1.0)
     pairs = [(suites.python_task("hang", tests="import time\ntime.sleep(30)"), suites.identity_code()),
              (suites.mc_task(1), "B"), (suites.mc_task(2), "C")]
     tasks_path, predictions_path = suites.write_suite(tmp_path, pairs)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from alodlm_scoring.isolation import score_isolated
+from alodlm_scoring.pool import score_isolated
 
 ALL_BENCHMARKS = ("ARC-C", "ARC-E", "MMLU", "MMLU-Pro", "GPQA-Diamond", "GSM8K", "MATH-500",
                   "MBPP", "MBPP+", "HumanEval", "HumanEval+")

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from alodlm_scoring.isolation import ScoringPool
+from alodlm_scoring.pool import ScoringPool
 
 
 @pytest.fixture(scope="session")

@@ -41,6 +41,7 @@ class Case:
     needs_any: tuple[str, ...] = ()  # ... and at least one of these
     timeout: float = 3.0
     strict_verdict: bool | None = None  # when the strict rules decide otherwise
+    tests: str = PY_TESTS  # python_tests: the task's test program
 
 
 CASES = [
@@ -238,7 +239,19 @@ CASES = [
          "def identity(x):\n    while True:\n        pass\n", False),
 ]
 
-# Tricks that pass under the reference's rules; the strict rules must reject them.
+# Strict python_tests' channel (alodlm_scoring.sandbox.calls): one length-prefixed JSON frame.
+_FRAME = (
+    "import json as _json, os as _os, struct as _struct\n"
+    "def _frame(message):\n"
+    "    data = message if isinstance(message, bytes) else _json.dumps(message).encode()\n"
+    "    return _struct.pack('!I', len(data)) + data\n"
+    "def _write(fd, data):\n"
+    "    try:\n        _os.write(fd, data)\n    except OSError:\n        pass\n"
+)
+
+# Grader tricks: each tries to pass without the right answer. The strict rules must reject every
+# one; under the reference's rules the first ones pass (`verdict`), and those aimed at strict
+# python_tests' split (its call channel, the test process) have nothing to aim at and fail.
 TRICKS = [
     Case("early_sys_exit", "python_tests",
          "import sys\ndef identity(x):\n    return 0\nsys.exit(0)\n", True, strict_verdict=False),
@@ -265,6 +278,91 @@ TRICKS = [
          "    for i in range(len(found['inputs'])):\n        found['details'][i] = True\n"
          "    found['progress'].value = len(found['inputs'])\n    os._exit(0)\n",
          True, strict_verdict=False),
+    # ---- python_tests: the program and its tests in one interpreter (issue 21) ----------------
+    Case("eq_always_true_in_the_tests", "python_tests",
+         "class Anything:\n    def __eq__(self, other):\n        return True\n"
+         "def identity(x):\n    return Anything()\n", True, strict_verdict=False),
+    Case("read_expected_from_the_callers_frame", "python_tests",
+         "import sys\ndef identity(x):\n    frame = sys._getframe(1)\n"
+         "    line = open(frame.f_code.co_filename).read().splitlines()[frame.f_lineno - 1]\n"
+         "    return eval(line.split('==')[1])\n", True, strict_verdict=False),
+    Case("read_expected_from_check_py", "python_tests",
+         "import glob, re\ndef identity(x):\n"
+         "    for path in ['check.py'] + glob.glob('/proc/*/cwd/check.py') + glob.glob('/**/check.py'):\n"
+         "        try:\n            found = re.findall(r'== (\\d+)', open(path).read())\n"
+         "        except OSError:\n            continue\n"
+         "        if found:\n            return int(found[-1])\n    return 0\n",
+         True, strict_verdict=False),
+    Case("read_the_tests_from_any_process_memory", "python_tests",
+         "import os, re\ndef _search():\n    budget = 256 << 20\n"
+         "    for pid in ['self'] + [p for p in os.listdir('/proc') if p.isdigit()]:\n"
+         "        try:\n            maps = open(f'/proc/{pid}/maps').read().splitlines()\n"
+         "            mem = open(f'/proc/{pid}/mem', 'rb', 0)\n        except OSError:\n"
+         "            continue\n        for line in maps:\n"
+         "            start, end = (int(v, 16) for v in line.split()[0].split('-'))\n"
+         "            if 'r' not in line.split()[1] or end - start > budget:\n                continue\n"
+         "            try:\n                mem.seek(start)\n                data = mem.read(end - start)\n"
+         "            except (OSError, ValueError, OverflowError):\n                continue\n"
+         "            budget -= end - start\n"
+         "            found = re.search(rb'assert identity\\(3\\) == (\\d+)', data)\n"
+         "            if found:\n                return int(found.group(1))\n"
+         "    return 0\n"
+         "def identity(x):\n    return _search()\n",
+         True, strict_verdict=False, timeout=10.0),
+    Case("forge_the_end_of_tests_token_from_memory", "python_tests",
+         _FRAME + "import re\ncandidates = set()\nbudget = 64 << 20\n"
+         "maps = open('/proc/self/maps').read().splitlines()\n"
+         "with open('/proc/self/mem', 'rb', 0) as mem:\n    for line in maps:\n"
+         "        start, end = (int(v, 16) for v in line.split()[0].split('-'))\n"
+         "        if 'r' not in line.split()[1] or end - start > budget:\n            continue\n"
+         "        try:\n            mem.seek(start)\n            data = mem.read(end - start)\n"
+         "        except (OSError, ValueError, OverflowError):\n            continue\n"
+         "        budget -= end - start\n"
+         "        candidates.update(re.findall(rb'(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])', data))\n"
+         "for token in sorted(candidates)[:1000]:\n    _write(3, token)\n    _write(3, _frame(token))\n"
+         "_os._exit(0)\ndef identity(x):\n    return 0\n",
+         True, strict_verdict=False, timeout=10.0),
+    Case("shadow_a_builtin_the_tests_use", "python_tests",
+         "def identity(x):\n    return 0\ndef int(text):\n    return 0\n", True,
+         strict_verdict=False, tests="assert identity(3) == int('3')"),
+    Case("sys_exit_zero_inside_the_call", "python_tests",
+         "import sys\ndef identity(x):\n    sys.exit(0)\n", True, strict_verdict=False),
+    Case("os_exit_zero_inside_the_call", "python_tests",
+         "import os\ndef identity(x):\n    os._exit(0)\n", True, strict_verdict=False),
+    # ---- aimed at strict python_tests' split: its channel and its test process ----------------
+    Case("forged_replies_on_the_call_channel", "python_tests",
+         _FRAME + "def identity(x):\n    for fd in range(3, 64):\n"
+         "        for message in ({'verdict': 'pass'}, {'exit': 0}, {'ready': {}},\n"
+         "                        *({'id': n, 'raise': ['SystemExit', '0']} for n in range(4)),\n"
+         "                        *({'id': n, 'value': True, 'exit': 0} for n in range(4))):\n"
+         "            _write(fd, _frame(message))\n    return 0\n", False, strict_verdict=False),
+    Case("garbage_on_the_call_channel", "python_tests",
+         _FRAME + "_write(3, b'\\xff' * 64)\ndef identity(x):\n    _write(3, b'not json at all')\n"
+         "    return 0\n", False, strict_verdict=False),
+    Case("huge_return_value", "python_tests",
+         "def identity(x):\n    return 'x' * (96 << 20)\n", False, strict_verdict=False),
+    Case("deeply_nested_return_value", "python_tests",
+         _FRAME + "def identity(x):\n    _write(3, _frame(b'[' * 500000 + b']' * 500000))\n"
+         "    value = []\n    for _ in range(200000):\n        value = [value]\n    return value\n",
+         False, strict_verdict=False),
+    Case("call_that_never_returns", "python_tests",
+         "import time\ndef identity(x):\n    while True:\n        time.sleep(1)\n", False,
+         strict_verdict=False),
+    Case("kill_the_test_process", "python_tests",
+         "import os, signal, time\ndef _kill_the_others():\n    for _ in range(50):\n"
+         "        for pid in os.listdir('/proc'):\n"
+         "            if pid.isdigit() and int(pid) not in (os.getpid(), os.getppid(), 1):\n"
+         "                for sig in (signal.SIGKILL, signal.SIGSTOP):\n"
+         "                    try:\n                        os.kill(int(pid), sig)\n"
+         "                    except OSError:\n                        pass\n"
+         "        time.sleep(0.01)\n"
+         "if os.fork() == 0:\n    _kill_the_others()\n    os._exit(0)\n"
+         "def identity(x):\n    _kill_the_others()\n    return 0\n", False, strict_verdict=False),
+    Case("print_the_verdict_line", "python_tests",
+         _FRAME + "import sys\nfor fd in (1, 2, 3):\n"
+         "    _write(fd, b'0\\n{\"status\": \"pass\"}\\n{\"verdict\": [true, null]}\\nPASSED\\n')\n"
+         "print('{\"status\": \"pass\"}')\nprint('1 passed, 0 failed', file=sys.stderr)\n"
+         "def identity(x):\n    print('ok')\n    return 0\n", False, strict_verdict=False),
 ]
 
 

@@ -1,7 +1,8 @@
 """Hostile programs against the code sandbox (SCORING.md D10), through the real evaluation flow.
 
-One rescore run scores every case of :mod:`.hostile` (both code metrics, two workers, the
-default sandbox and rules) with honest canary tasks after the attacks on the verdict channel;
+One rescore run per rule set scores every case of :mod:`.hostile` (both code metrics, two
+workers, the default sandbox; the reference's rules, then the strict rules, whose python_tests
+run the program and its tests in two processes) with honest canary tasks after each attack;
 each case then checks its verdict, that nothing outside the run changed (victim files keep
 content, mode and timestamps; targets do not exist; listeners received nothing), and at the end
 that no process any case started is left and no worker was lost.
@@ -56,9 +57,10 @@ def _marked(marker: str, names: set[str]) -> list[psutil.Process]:
     return found
 
 
-@pytest.fixture(scope="module")
-def hostile_run(tmp_path_factory, sandbox_mechanisms):
-    base = tmp_path_factory.mktemp("hostile")
+@pytest.fixture(scope="module", params=["reference", "strict"])
+def hostile_run(request, tmp_path_factory, sandbox_mechanisms):
+    rules = request.param
+    base = tmp_path_factory.mktemp(f"hostile_{rules}")
     outside = base / "outside"
     home = base / "home"
     outside.mkdir()
@@ -115,7 +117,8 @@ def hostile_run(tmp_path_factory, sandbox_mechanisms):
     os.environ.update(environ)
     started = time.monotonic()
     try:
-        summary = evaluation.rescore(tasks_path, predictions_path, base / "out", workers=2)
+        summary = evaluation.rescore(tasks_path, predictions_path, base / "out", workers=2,
+                                     code_verdicts=rules)
     finally:
         for key, value in saved.items():
             if value is None:
@@ -145,7 +148,7 @@ def hostile_run(tmp_path_factory, sandbox_mechanisms):
     yield {"verdicts": {row["id"]: row["correct"] for row in rows}, "runnable": runnable,
            "values": values, "outside": outside, "before": before, "after": _snapshot(outside),
            "summary": summary, "elapsed": elapsed, "leftovers": leftovers,
-           "received": received, "home": home}
+           "received": received, "home": home, "rules": rules}
     for process in leftovers:
         try:
             process.kill()
@@ -157,7 +160,10 @@ def hostile_run(tmp_path_factory, sandbox_mechanisms):
 def test_hostile_program(case, hostile_run, sandbox_mechanisms):
     require(sandbox_mechanisms, case.needs, case.needs_any)
     task_id = hostile_run["runnable"][case.name]
-    assert hostile_run["verdicts"][task_id] is case.verdict
+    expected = case.verdict
+    if hostile_run["rules"] == "strict" and case.strict_verdict is not None:
+        expected = case.strict_verdict
+    assert hostile_run["verdicts"][task_id] is expected
     index = task_id.split("_", 1)[0]
     assert hostile_run["verdicts"][f"{index}_canary_pass"] is True
     assert hostile_run["verdicts"][f"{index}_canary_fail"] is False

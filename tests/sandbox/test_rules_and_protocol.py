@@ -8,7 +8,7 @@ import json
 import pytest
 
 from alodlm_scoring import Scorer, evaluation
-from alodlm_scoring.isolation import ScoringPool
+from alodlm_scoring.pool import ScoringPool
 from alodlm_scoring.sandbox import mechanisms
 from evaluation import suites
 
@@ -20,9 +20,13 @@ def _trick_pairs():
     pairs = []
     for index, case in enumerate(hostile.TRICKS):
         task_id = f"{index:02d}_{case.name}"
-        task = (suites.python_task(task_id) if case.metric == "python_tests"
+        task = (suites.python_task(task_id, tests=case.tests, timeout=case.timeout)
+                if case.metric == "python_tests"
                 else suites.evalplus_task(task_id, inputs=((3,), (4,)), expected=(3, 4)))
         pairs.append((task, "```python\n" + case.program + "```"))
+        # Honest canaries right after each trick: a verdict it shifted or forged shows here.
+        pairs.append((suites.python_task(f"{index:02d}_canary_pass"), suites.identity_code("x")))
+        pairs.append((suites.python_task(f"{index:02d}_canary_fail"), suites.identity_code("0")))
     pairs.append((suites.python_task("honest_pass"), suites.identity_code("x")))
     pairs.append((suites.evalplus_task("honest_evalplus"), suites.identity_code("x")))
     return pairs
@@ -48,6 +52,8 @@ def test_grader_tricks_under_both_rule_sets(case, rules, trick_runs):
     index = hostile.TRICKS.index(case)
     expected = case.verdict if rules == "reference" else case.strict_verdict
     assert verdicts[f"{index:02d}_{case.name}"] is expected
+    assert verdicts[f"{index:02d}_canary_pass"] is True
+    assert verdicts[f"{index:02d}_canary_fail"] is False
     assert verdicts["honest_pass"] is True and verdicts["honest_evalplus"] is True
 
 

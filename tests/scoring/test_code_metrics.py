@@ -3,8 +3,7 @@ errors, and the hygiene of unsandboxed python_tests (process group, address spac
 
 The verdict tables run three ways (the ``code_score`` fixture): in this process without the
 sandbox (the reference's way), and in a scoring worker with the code sandbox under the reference's
-and under the strict rules (SCORING.md D10). Every verdict must be the same, except where the
-strict rules decide otherwise on purpose (a test program that exits itself).
+and under the strict rules (SCORING.md D10). Every verdict must be the same.
 
 evalplus cases fork a child each (about 0.1 s, 1 s for the time-limit case), so they stay limited
 to the table rows; python_tests timeouts are kept small.
@@ -22,7 +21,7 @@ import pytest
 
 from alodlm_scoring import metrics
 from alodlm_scoring.extract import extract_program
-from alodlm_scoring.isolation import ScoringPool
+from alodlm_scoring.pool import ScoringPool
 from alodlm_scoring.metrics import run_python_tests, score
 
 FENCE = "```"
@@ -108,6 +107,70 @@ def test_reference_code_tests(record, generation, correct, code_score):
     assert code_score(record, generation) == (correct, None)
 
 
+# What strict python_tests carry between the program's process and the test process
+# (alodlm_scoring.sandbox.calls): every verdict is the reference's.
+SPLIT_CASES = [
+    ("generator", "def evens(n):\n    for i in range(0, n, 2):\n        yield i\n",
+     "assert list(evens(7)) == [0, 2, 4, 6]\nassert evens(3) != [0, 2]\nassert next(iter(evens(3))) == 0",
+     True),
+    ("program_class", "class Pair:\n    def __init__(self, a, b):\n        self.a, self.b = a, b\n"
+     "    def span(self):\n        return self.b - self.a\n"
+     "def longest(pairs):\n    return max(p.span() for p in pairs)\n",
+     "assert longest([Pair(1, 5), Pair(2, 3)]) == 4\np = Pair(2, 9)\nassert p.a == 2 and p.span() == 7",
+     True),
+    ("module_of_the_program", "import math\ndef root(x):\n    return math.sqrt(x)\n",
+     "assert math.isclose(root(2), 1.4142135623730951)", True),
+    ("constant_and_helper", "R = 3\ndef scale(x):\n    return R * x\ndef helper(x):\n    return x + 1\n",
+     "assert scale(helper(1)) == 6 and R == 3", True),
+    ("keywords_and_containers", "def f(a, *, b=1):\n    return {'a': (a, {b}), 'n': [a] * b}\n",
+     "assert f(2, b=3) == {'a': (2, {3}), 'n': [2, 2, 2]}", True),
+    ("exception_caught_by_the_test", "def f(x):\n    raise ValueError('no')\n",
+     "try:\n    f(1)\nexcept ValueError as error:\n    assert str(error) == 'no'\nelse:\n    assert False",
+     True),
+    ("exception_fails_the_test", "def f(x):\n    return 1 / x\n", "assert f(0) == 0", False),
+    ("big_integer", "def f(n):\n    return 7 ** n\n", "assert f(9000) == 7 ** 9000", True),
+    ("regex_match_truthiness", "import re\ndef f(s):\n    return re.search('^a', s)\n",
+     "assert f('abc')\nassert not f('xbc')", True),
+    ("thread_left_running", "import threading, time\n"
+     "threading.Thread(target=time.sleep, args=(60,)).start()\ndef f():\n    return 1\n",
+     "assert f() == 1", False),
+    ("recursion_up_to_the_limit", "def depth(n):\n    return 1 if n == 0 else 1 + depth(n - 1)\n",
+     "assert depth(998) == 999", True),
+    ("recursion_past_the_limit", "def depth(n):\n    return 1 if n == 0 else 1 + depth(n - 1)\n",
+     "assert depth(999) == 1000", False),
+    ("future_import_of_the_program", "from __future__ import annotations\ndef f():\n    return 1\n",
+     "def g(x: Undefined) -> int:\n    return f()\nassert g(0) == 1", True),
+    ("setup_code_in_the_tests", "def largest(items):\n    return max(items)\n",
+     "numbers = [4, 9, 2]\nassert largest(numbers) == 9", True),
+]
+
+
+@pytest.mark.parametrize("program, tests, correct", [case[1:] for case in SPLIT_CASES],
+                         ids=[case[0] for case in SPLIT_CASES])
+def test_what_crosses_between_program_and_tests(program, tests, correct, code_score):
+    # Generous for passes (a loaded machine), short where a failure waits for the timeout.
+    record = python_tests_record(tests, timeout_seconds=10 if correct else 2)
+    assert code_score(record, f"{FENCE}python\n{program}{FENCE}") == (correct, None)
+
+
+# Where the strict rules decide otherwise by design (README, "Strict verdict rules").
+STRICT_DIFFERENCES = [
+    ("argument_changed_in_place", "def grow(items):\n    items.append(1)\n",
+     "items = []\ngrow(items)\nassert items == [1]"),
+    ("test_passes_a_lambda", "def apply(f, x):\n    return f(x)\n", "assert apply(lambda v: v + 1, 1) == 2"),
+    ("program_redefines_a_builtin", "def identity(x):\n    return 0\ndef int(text):\n    return 0\n",
+     "assert identity(3) == int('3')"),
+]
+
+
+@pytest.mark.parametrize("program, tests", [case[1:] for case in STRICT_DIFFERENCES],
+                         ids=[case[0] for case in STRICT_DIFFERENCES])
+def test_documented_strict_differences(program, tests, code_score):
+    record = python_tests_record(tests, timeout_seconds=10)
+    expected = code_score.rules != "strict"
+    assert code_score(record, f"{FENCE}python\n{program}{FENCE}") == (expected, None)
+
+
 def test_python_tests_timeout_is_enforced_quickly():
     start = time.monotonic()
     assert run_python_tests("while True:\n    pass", "", 0.3) is False
@@ -183,8 +246,6 @@ def test_d2_documents_the_reference_behaviour():
 @pytest.mark.parametrize("status, correct", [(3, False), (0, True)])
 def test_exit_status_decides(status, correct, code_score):
     record = python_tests_record(f"import sys\nsys.exit({status})")
-    if code_score.rules == "strict":
-        correct = False  # the test program ends itself before its end: no strict pass
     assert code_score(record, "def g():\n    pass") == (correct, None)
 
 

@@ -71,7 +71,8 @@ def start_processes(args: dict, num_processes: int, devices: int = 1) -> list[su
     port = free_port()
     command = [sys.executable, "-m", "alodlm_jax.cli.evaluate", "--model", args["model"], "--input",
                args["tasks"], "--output", args["output"], "--device", "cpu", "--precision", "fp32",
-               "--workers", "1", "--q", "1.0", "--tau", "1.0", "--window_size", "4", "--max_new_tokens", "16"]
+               "--workers", "1", "--q", "1.0", "--tau", "1.0", "--window_size", "4", "--max_new_tokens", "16",
+               "--print_summary_json"]
     for flag in ("mesh", "batch_size"):
         if args.get(flag):
             command += [f"--{flag}", str(args[flag])]

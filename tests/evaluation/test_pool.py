@@ -9,23 +9,23 @@ import sys
 
 import pytest
 
-from alodlm_scoring import evaluation, isolation, metrics
+from alodlm_scoring import evaluation, metrics, pool as scoring_pool
 
 from . import suites
 
 
 def test_isolated_scorer_identity_passes():  # §10.1 row 20
-    assert isolation.score_isolated(suites.python_task(1), suites.identity_code("x")) == (True, None)
+    assert scoring_pool.score_isolated(suites.python_task(1), suites.identity_code("x")) == (True, None)
 
 
 def test_isolated_scorer_identity_fails():  # §10.1 row 21
-    assert isolation.score_isolated(suites.python_task(1), suites.identity_code("0")) == (False, None)
+    assert scoring_pool.score_isolated(suites.python_task(1), suites.identity_code("0")) == (False, None)
 
 
 def test_worker_import_chain_never_loads_a_framework():
     code = (
         "import sys\n"
-        "import alodlm_scoring.worker, alodlm_scoring.isolation, alodlm_scoring.evaluation\n"
+        "import alodlm_scoring.worker, alodlm_scoring.pool, alodlm_scoring.evaluation\n"
         "import alodlm_scoring.outputs, alodlm_scoring.metrics, alodlm_scoring.sandbox\n"
         "import alodlm_scoring.sandbox.jobs, alodlm_scoring.sandboxed, alodlm_scoring.strict\n"
         "from alodlm_scoring.worker import handle_request\n"
@@ -46,7 +46,7 @@ def test_worker_import_chain_never_loads_a_framework():
 
 def test_pool_verdicts_equal_in_process_scoring():
     pairs = suites.mixed_suite()
-    with isolation.ScoringPool(2) as pool:
+    with scoring_pool.ScoringPool(2) as pool:
         futures = [pool.submit(task, text) for task, text in pairs]
         pooled = [(f.result().correct, f.result().extracted) for f in futures]
     assert pooled == [metrics.score(task, text) for task, text in pairs]
@@ -73,7 +73,7 @@ def test_rescore_with_one_and_two_workers_is_byte_identical(tmp_path):
 def test_worker_validation_error_is_fatal_with_traceback():
     task = suites.python_task(1, tests="   ")
     with pytest.raises(RuntimeError) as caught:
-        isolation.score_isolated(task, suites.identity_code())
+        scoring_pool.score_isolated(task, suites.identity_code())
     message = str(caught.value)
     assert message.startswith("Isolated code scoring failed: ")
     assert "Traceback (most recent call last)" in message
@@ -81,16 +81,16 @@ def test_worker_validation_error_is_fatal_with_traceback():
 
 
 def test_parent_timeouts():
-    assert isolation.parent_timeout(suites.python_task(1)) == 40.0
-    assert isolation.parent_timeout(suites.python_task(1, timeout=2.5)) == 32.5
+    assert scoring_pool.parent_timeout(suites.python_task(1)) == 40.0
+    assert scoring_pool.parent_timeout(suites.python_task(1, timeout=2.5)) == 32.5
     task = suites.evalplus_task(1)
     task["code_tests"]["suites"] *= 3
-    assert isolation.parent_timeout(task) == 30 + 70 * 3
+    assert scoring_pool.parent_timeout(task) == 30 + 70 * 3
 
 
 def test_parent_timeout_scores_incorrect_records_and_continues(tmp_path, monkeypatch, capfd):
     """D3: a worker exceeding its (here monkeypatched, small) timeout; the run carries on."""
-    monkeypatch.setattr(isolation, "parent_timeout", lambda record: 1.5)
+    monkeypatch.setattr(scoring_pool, "parent_timeout", lambda record: 1.5)
     pairs = [
         (suites.python_task("slow", tests="import time\ntime.sleep(60)", timeout=100),
          suites.identity_code()),
@@ -110,10 +110,10 @@ def test_parent_timeout_scores_incorrect_records_and_continues(tmp_path, monkeyp
 
 def test_evalplus_timeout_variable_is_removed_with_one_warning(monkeypatch):
     task = suites.evalplus_task(1)
-    expected = [isolation.score_isolated(task, suites.identity_code(v)) for v in ("x", "2")]
+    expected = [scoring_pool.score_isolated(task, suites.identity_code(v)) for v in ("x", "2")]
     monkeypatch.setenv("EVALPLUS_TIMEOUT_PER_TASK", "20")
     stderr = io.StringIO()
-    with isolation.ScoringPool(2, stderr=stderr) as pool:
+    with scoring_pool.ScoringPool(2, stderr=stderr) as pool:
         futures = [pool.submit(task, suites.identity_code(v)) for v in ("x", "2")]
         outcomes = [(f.result().correct, f.result().extracted) for f in futures]
     assert outcomes == expected == [(True, None), (False, None)]
@@ -121,7 +121,7 @@ def test_evalplus_timeout_variable_is_removed_with_one_warning(monkeypatch):
     assert len(warnings) == 1
     assert "EVALPLUS_TIMEOUT_PER_TASK" in warnings[0]
     assert "ignored: evalplus 0.3.1 cannot read it; its default 60 s cap applies" in warnings[0]
-    assert "EVALPLUS_TIMEOUT_PER_TASK" not in isolation.worker_environment(stderr=io.StringIO())
+    assert "EVALPLUS_TIMEOUT_PER_TASK" not in scoring_pool.worker_environment(stderr=io.StringIO())
 
 
 def test_program_output_cannot_forge_a_verdict():
@@ -129,17 +129,17 @@ def test_program_output_cannot_forge_a_verdict():
     forged = ("import os\nos.write(1, b'[true, null]\\n')\n"
               "def identity(x):\n    return 0\n")
     task = suites.evalplus_task(1)
-    assert isolation.score_isolated(task, forged) == (False, None)
-    assert isolation.score_isolated(suites.python_task(2), forged) == (False, None)
+    assert scoring_pool.score_isolated(task, forged) == (False, None)
+    assert scoring_pool.score_isolated(suites.python_task(2), forged) == (False, None)
 
 
 def test_non_code_errors_from_the_pool_keep_their_type():
     """Math scored in the pool raises the reference's in-process error, not a code failure."""
-    with isolation.ScoringPool(1) as pool:
+    with scoring_pool.ScoringPool(1) as pool:
         with pytest.raises(ValueError, match="An evaluation reference is required") as caught:
             pool.score({"metric": "math", "answer": "  "}, "\\boxed{1}")
-        assert not isinstance(caught.value, isolation.WorkerError)
-        assert pool.score(suites.math_task(1), "\\boxed{42}") == isolation.Outcome(True, "42")
+        assert not isinstance(caught.value, scoring_pool.WorkerError)
+        assert pool.score(suites.math_task(1), "\\boxed{42}") == scoring_pool.Outcome(True, "42")
 
 
 def test_math_goes_to_the_pool_only_with_two_or_more_workers():
@@ -192,7 +192,7 @@ def test_math_in_worker_processes_matches_the_main_thread():
     tasks = [(suites.math_task(i, answer=reference), generation)
              for i, (generation, reference) in enumerate(MATH_CASES)]
     in_process = [metrics.score(task, generation) for task, generation in tasks]
-    with isolation.ScoringPool(2) as pool:
+    with scoring_pool.ScoringPool(2) as pool:
         futures = [pool.submit(task, generation) for task, generation in tasks]
         pooled = [(f.result().correct, f.result().extracted) for f in futures]
     assert pooled == in_process

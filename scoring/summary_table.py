@@ -1,0 +1,45 @@
+"""The short table an evaluation ends with: per-benchmark scores, the macro score, tokens per
+second and where the files are (the whole record stays in ``summary.json``).
+
+Printed by ``alodlm-jax-evaluate`` on stdout (on stderr when ``--print_summary_json`` puts the
+summary's JSON on stdout, as the reference prints it). Markdown pipes, as lm-eval prints its
+results. No JAX here.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Sequence
+
+COLUMNS = ("benchmark", "examples", "correct", "score %", "tokens/s")
+
+
+def summary_table(summary: Mapping[str, Any], files: Sequence[str] = ()) -> str:
+    """The table of a ``summary.json`` object, then the macro line, the suite line, a scoring
+    failures line when there are any, and one line per file in ``files`` (paths as given)."""
+    rows = [COLUMNS]
+    for name, values in summary["benchmarks"].items():
+        rows.append((str(name), str(values["examples"]), str(values["correct"]),
+                     f"{values['score_percent']:.2f}", f"{values['tokens_per_second']:.1f}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+
+    def line(cells: Sequence[str]) -> str:
+        padded = [cell.ljust(w) if i == 0 else cell.rjust(w)
+                  for i, (cell, w) in enumerate(zip(cells, widths))]
+        return "|" + "|".join(padded) + "|"
+
+    rule = "|" + "|".join("-" * w if i == 0 else "-" * (w - 1) + ":"
+                          for i, w in enumerate(widths)) + "|"
+    lines = [line(rows[0]), rule, *(line(row) for row in rows[1:]), ""]
+    lines.append(f"macro score: {summary['macro_score_percent']:.2f} % "
+                 f"(unweighted mean of {summary['benchmark_count']} benchmark(s))")
+    examples = sum(values["examples"] for values in summary["benchmarks"].values())
+    lines.append(f"suite: {examples} example(s), {summary['suite_wall_seconds']:.3f} s wall, "
+                 f"{summary['suite_tokens_per_second']:.1f} tokens/s")
+    failures = (summary.get("protocol") or {}).get("scoring_failures") or []
+    if failures:
+        lines.append(f"{len(failures)} task(s) scored incorrect by a scoring failure "
+                     "(protocol.scoring_failures)")
+    width = max((len(os.path.basename(path)) for path in files), default=0)
+    lines.extend(f"{os.path.basename(path).ljust(width)}  {path}" for path in files)
+    return "\n".join(lines) + "\n"
