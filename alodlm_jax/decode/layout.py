@@ -13,8 +13,8 @@ for one request or one batch on one device; a layout places their inputs and say
 * ``data`` splits the batch's request slots (``B / data`` slots per data shard; ``B`` must be a
   multiple of ``data``). The batch program runs under ``jax.shard_map`` *manual over ``data``
   only* (``axis_names={"data"}``; ``model`` stays with the partitioner): every data shard runs its
-  own ``while`` loop over its own slots, with its own shared buckets (longest live prefix, largest
-  live window) and its own stop test, and nothing is ever exchanged across ``data``. So a data
+  own ``while`` loop over its own slots, with its own shared buckets (the longest live prefix, the
+  packed row count of its live windows) and its own stop test, and nothing is ever exchanged across ``data``. So a data
   shard is exactly a ``B / data`` batch on its ``model`` devices. With ``stop_early`` (requests
   waiting) the program returns once every data shard has had a request finish (or has none left
   live), so a shard whose slot freed early idles until the others free one too; the host then
