@@ -377,6 +377,58 @@ def bench_step_costs(name: str, args) -> list[dict]:
     return rows
 
 
+def layer_costs(name: str, batch: int, slots: int, args) -> dict:
+    """XLA's bytes accessed for one core layer of the batch step (``model._window_layer_rows`` on
+    ``batch * W`` packed rows, prefix of ``slots`` cache slots) and for its pieces compiled alone,
+    beside the layer's weights and the K/V it attends to."""
+    import jax
+    import jax.numpy as jnp
+
+    from alodlm_jax import model as M
+    from alodlm_jax.params import load_model
+
+    path = build_checkpoint(pathlib.Path(args.workdir), name, args.lm_head_scale)
+    cfg, params = load_model(str(path), "fp32", per_layer=True)
+    spec = lambda shape, dt=jnp.float32: jax.ShapeDtypeStruct(shape, dt)  # noqa: E731
+    lp = jax.tree_util.tree_map(lambda x: spec(x.shape, x.dtype), params["core"][0])
+    rows = 2 * args.window_size
+    packed, hidden, heads = batch * rows, cfg.hidden_size, cfg.num_attention_heads
+    nkv, dh, eps = cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps
+    cache = spec((batch, 1, cfg.max_depth, slots, nkv, dh))
+    i32 = lambda *shape: spec(shape, jnp.int32)  # noqa: E731
+
+    def layer(lp, h, positions, counts, k_all, v_all, start, depth):
+        m = M.row_map(counts, packed)
+        cos, sin = M.rope_tables(positions, dh, cfg.rope_theta, h.dtype)
+        bucket = M.kv_bucket_index(M.kv_buckets(slots), jnp.max(start))
+        return M._window_layer_rows(lp, eps, h, cos, sin, k_all, v_all, 0, depth, start, bucket,
+                                    m, rows)
+
+    def qkv(lp, h, positions):
+        return M._qkv(lp, eps, h, *M.rope_tables(positions, dh, cfg.rope_theta, h.dtype))
+
+    pieces = {
+        "layer": (layer, (lp, spec((packed, hidden)), i32(packed), i32(batch), cache, cache,
+                          i32(batch), i32(batch))),
+        "projections": (qkv, (lp, spec((packed, hidden)), i32(packed))),
+        "attention": (jax.vmap(M._attend_window), (
+            spec((batch, rows, heads, dh)), spec((batch, slots, nkv, dh)),
+            spec((batch, slots, nkv, dh)), i32(batch), spec((batch, rows, nkv, dh)),
+            spec((batch, rows, nkv, dh)))),
+        "output+mlp": (lambda lp, h, a: M._attention_out_and_mlp(lp, eps, h, a),
+                       (lp, spec((packed, hidden)), spec((packed, heads, dh)))),
+    }
+    out = {"weights_bytes": sum(x.size * 4 for x in jax.tree_util.tree_leaves(lp)),
+           "kv_bytes": 2 * batch * slots * nkv * dh * 4}
+    print(f"\n== one core layer of the batch step, {name} model, batch {batch}, {slots} slots: "
+          f"weights {out['weights_bytes'] / 1e6:.1f} MB, K/V attended {out['kv_bytes'] / 1e6:.1f} MB ==")
+    for key, (fn, shapes) in pieces.items():
+        cost = jax.jit(fn).lower(*shapes).compile().cost_analysis()
+        out[key] = float(cost["bytes accessed"])
+        print(f"  {key:<12} {out[key] / 1e6:10.1f} MB accessed", flush=True)
+    return out
+
+
 def released_step_costs(name: str, args) -> list[dict]:
     """The batch step of a released model's shapes in bf16, compiled for this machine's backend
     from parameter shapes alone (no weights in memory, nothing decoded)."""
@@ -456,6 +508,10 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens_per_pass", type=float, default=1.0,
                         help="tokens a request commits per recurrent pass, for the implied H200 "
                              "tokens/s of the released shapes")
+    parser.add_argument("--layer_costs", default="",
+                        help="MODEL,BATCH,SLOTS: XLA's cost analysis of one packed-row core layer "
+                             "and its pieces (projections, attention, output and MLP), e.g. "
+                             "medium,8,288")
     parser.add_argument("--costs_only", action="store_true",
                         help="print only the step cost analyses (no decoding)")
     args = parser.parse_args(argv)
@@ -488,6 +544,9 @@ def main(argv=None) -> int:
             full["models"].append(report)
         if args.step_costs:
             full.setdefault("step_costs", {})[name] = bench_step_costs(name, args)
+    if args.layer_costs:
+        name, batch, slots = args.layer_costs.split(",")
+        full["layer_costs"] = layer_costs(name, int(batch), int(slots), args)
     for name in [m for m in args.released_shapes.split(",") if m]:
         full.setdefault("step_costs", {})[name] = released_step_costs(name, args)
     if args.scaling and not args.costs_only:
