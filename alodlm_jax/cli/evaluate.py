@@ -63,7 +63,10 @@ flags.DEFINE_boolean("print_summary_json", False, "End by printing summary.json'
                      "files.", flag_values=FLAGS)
 flags.DEFINE_boolean("resume", False, "Continue an interrupted run in --output: keep its "
                      "predictions.jsonl rows (checked against the tasks), drop a torn last line, "
-                     "score the rest; the files equal an uninterrupted run's.", flag_values=FLAGS)
+                     "score the rest; the files equal an uninterrupted run's (with --batch_size "
+                     "> 1 a resumed row's first-pass hazards only within 1e-6: its batch "
+                     "neighbours changed; tokens, counters and verdicts identical).",
+                     flag_values=FLAGS)
 define_compilation_flags(FLAGS)  # generate mode
 flags.DEFINE_integer("batch_size", 1, "Generate mode: N tasks decoded together by one compiled "
                      "program, a finished task's slot taking the next waiting task (continuous "
