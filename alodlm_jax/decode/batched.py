@@ -67,9 +67,9 @@ import numpy as np
 from flax import struct
 
 from alodlm_jax import model as M
-from alodlm_jax.decode import compiled as C
 from alodlm_jax.decode import portable as P
 from alodlm_jax.decode import state as S
+from alodlm_jax.decode import window as Wn
 from alodlm_jax.decode.layout import Program
 from alodlm_jax.decode.result import DecodeOutput
 
@@ -242,7 +242,7 @@ def _step(params, cache, slots, consts, *, cfg, window_size, mode):
 
     def close(operands):
         dstate, packed = operands
-        end = functools.partial(C.end_and_begin, cfg=cfg, window_size=window_size)
+        end = functools.partial(Wn.end_and_begin, cfg=cfg, window_size=window_size)
         dstate = _select(stop, vm(end, (0, 0, 0, 0, None))(dstate, packed, pst, executed, consts),
                          dstate)
         nxt = vm(lambda w, n: S.pack_window(w, n, mask_id=cfg.mask_token_id))(dstate.window,
@@ -257,7 +257,7 @@ def _step(params, cache, slots, consts, *, cfg, window_size, mode):
 def _run_program(params, cache, slots, consts, stop_early, *, cfg, window_size, mode):
     """Steps (:func:`_step`) of one pass per live request; with ``stop_early`` it returns after the
     step in which a request that was live at entry finishes (so the host can admit a waiting one)."""
-    C.TRACE_COUNTS["batch"] += 1
+    Wn.TRACE_COUNTS["batch"] += 1
     entry_live = ~slots.dstate.finished
 
     def keep_going(carry):
@@ -275,9 +275,9 @@ def _admit_program(params, cache, slots, slot, prompt, prompt_len, consts, *, cf
                    capacity):
     """Prefills ``prompt`` into cache slot ``slot``; the slot gets a fresh, topped-up state whose
     first window is packed and not yet open."""
-    C.TRACE_COUNTS["admit"] += 1
+    Wn.TRACE_COUNTS["admit"] += 1
     take = lambda x: jax.lax.dynamic_index_in_dim(x, slot, 0, keepdims=False)  # noqa: E731
-    member = C.prefill(params, jax.tree_util.tree_map(take, cache), prompt, cfg=cfg)
+    member = P.prefill(params, jax.tree_util.tree_map(take, cache), prompt, cfg=cfg)
     cache = jax.tree_util.tree_map(
         lambda x, m: jax.lax.dynamic_update_index_in_dim(x, m, slot, 0), cache, member)
     fresh = _fresh_slot(params, cfg, window_size, capacity, prompt_len, consts)
@@ -294,7 +294,7 @@ def _fresh_slot(params, cfg, window_size, capacity, prompt_len, consts, finished
     if finished:
         dstate = dstate.replace(finished=jnp.bool_(True))
     else:
-        dstate = C.begin(dstate, consts, cfg=cfg, window_size=window_size)
+        dstate = Wn.begin(dstate, consts, cfg=cfg, window_size=window_size)
     packed = S.pack_window(dstate.window, dstate.cache_len, mask_id=cfg.mask_token_id)
     hidden = params["embed"].shape[1]
     return Slots(dstate=dstate, packed=packed, h=jnp.zeros((rows, hidden), params["embed"].dtype),
@@ -310,28 +310,28 @@ _JIT = {
 }
 
 
-def _batched_spec(bucket: C.Bucket, one):
+def _batched_spec(bucket: Wn.Bucket, one):
     return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct((bucket.batch,) + x.shape, x.dtype), one)
 
 
-def _new_slots(engine, bucket: C.Bucket) -> Slots:
+def _new_slots(engine, bucket: Wn.Bucket) -> Slots:
     one = _fresh_slot(engine.params, engine.cfg, bucket.window_size, bucket.capacity, 0,
                       engine.consts(), finished=True)
     return jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (bucket.batch,) + x.shape).copy(), one)
 
 
-def _empty_slots(engine, bucket: C.Bucket) -> Slots:
+def _empty_slots(engine, bucket: Wn.Bucket) -> Slots:
     """Every slot empty (finished): the batch's starting state, on the engine's layout (slots
     split over ``data``)."""
     slots = _new_slots(engine, bucket)
     return engine.layout.place(slots, engine.layout.slots_shardings(slots))
 
 
-def compile_batch(engine, bucket: C.Bucket):
+def compile_batch(engine, bucket: Wn.Bucket):
     """The batch and admit programs of ``bucket`` (compiled once per process while they stay in
     the program store, :mod:`alodlm_jax.decode.programs`), for the engine's layout."""
     layout = engine.layout
-    params = C._spec(engine.params)
+    params = P._spec(engine.params)
     cache = engine.cache_spec(bucket, batched=True)
     slots = jax.eval_shape(lambda: _new_slots(engine, bucket))
     slots = layout.spec(slots, layout.slots_shardings(slots))
@@ -348,7 +348,7 @@ def compile_batch(engine, bucket: C.Bucket):
     return run, admit
 
 
-def step_analysis(cfg, params, bucket: C.Bucket, *, mode: str = "entropy", dtype=None) -> dict:
+def step_analysis(cfg, params, bucket: Wn.Bucket, *, mode: str = "entropy", dtype=None) -> dict:
     """XLA's own cost and memory analysis of one batch step (:func:`_step` compiled alone for
     ``bucket``), beside the step's physical floor; compiles, never decodes.
 
@@ -370,14 +370,14 @@ def step_analysis(cfg, params, bucket: C.Bucket, *, mode: str = "entropy", dtype
     dtype = jnp.dtype(dtype or jax.tree_util.tree_leaves(params)[0].dtype)
     window_size = bucket.window_size
     rows = 2 * window_size
-    params_spec = C._spec(params)
+    params_spec = P._spec(params)
     cache = _batched_spec(bucket, jax.eval_shape(lambda: M.init_cache(cfg, bucket.t_max, dtype)))
     vocab, hidden = params_spec["embed"].shape
     one = jax.eval_shape(lambda: _fresh_slot(
         {"embed": jnp.zeros((1, hidden), dtype)}, cfg, window_size, bucket.capacity, 0,
         _analysis_consts(), finished=True))
     slots = _batched_spec(bucket, one)
-    consts = C._spec(_analysis_consts())
+    consts = P._spec(_analysis_consts())
     step = jax.jit(functools.partial(_step, cfg=cfg, window_size=window_size, mode=mode),
                    donate_argnums=(1, 2))
     compiled = step.lower(params_spec, cache, slots, consts).compile()
@@ -407,7 +407,7 @@ def step_analysis(cfg, params, bucket: C.Bucket, *, mode: str = "entropy", dtype
 
 
 def _analysis_consts() -> dict:
-    return {"max_new_tokens": jnp.int32(1), "stop_ids": jnp.full((C.STOP_ID_SLOTS,), -1, jnp.int32),
+    return {"max_new_tokens": jnp.int32(1), "stop_ids": jnp.full((Wn.STOP_ID_SLOTS,), -1, jnp.int32),
             "penalty": jnp.float32(0), "q": jnp.float32(0.5), "tau": jnp.float32(0.4)}
 
 
