@@ -444,21 +444,28 @@ def run_window_stack(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Arr
         index = (i,) if depth is None else (i, depth)
         return _window_layer(lp, eps, h, cos, sin, k_all, v_all, index, start, kv_bucket)
 
+    return _layer_loop(stack, layer, h)
+
+
+def _layer_loop(stack, layer, h, kv_axis: int = 0):
+    """``layer(lp, i, h) -> (h, k, v)`` over a group in order (a Python loop over a tuple of
+    per-layer dicts, one ``lax.scan`` over a stacked dict); the layers' ``k``/``v`` stacked on
+    ``kv_axis``."""
     if isinstance(stack, (list, tuple)):
         ks, vs = [], []
         for i, lp in enumerate(stack):
             h, k, v = layer(lp, i, h)
             ks.append(k)
             vs.append(v)
-        return h, jnp.stack(ks), jnp.stack(vs)
+        return h, jnp.stack(ks, axis=kv_axis), jnp.stack(vs, axis=kv_axis)
 
     def body(h, xs):
         lp, i = xs
         h, k, v = layer(lp, i, h)
         return h, (k, v)
 
-    h, (ks, vs) = jax.lax.scan(body, h, (stack, jnp.arange(n, dtype=jnp.int32)))
-    return h, ks, vs
+    h, (ks, vs) = jax.lax.scan(body, h, (stack, jnp.arange(_num_layers(stack), dtype=jnp.int32)))
+    return h, jnp.moveaxis(ks, 0, kv_axis), jnp.moveaxis(vs, 0, kv_axis)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -588,21 +595,7 @@ def run_window_rows(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Arra
         return _window_layer_rows(lp, eps, h, cos, sin, k_all, v_all, i, depth, start, kv_bucket,
                                   m, rows)
 
-    if isinstance(stack, (list, tuple)):
-        ks, vs = [], []
-        for i, lp in enumerate(stack):
-            h, k, v = layer(lp, i, h)
-            ks.append(k)
-            vs.append(v)
-        return h, jnp.stack(ks, axis=1), jnp.stack(vs, axis=1)
-
-    def body(h, xs):
-        lp, i = xs
-        h, k, v = layer(lp, i, h)
-        return h, (k, v)
-
-    h, (ks, vs) = jax.lax.scan(body, h, (stack, jnp.arange(n, dtype=jnp.int32)))
-    return h, jnp.moveaxis(ks, 0, 1), jnp.moveaxis(vs, 0, 1)
+    return _layer_loop(stack, layer, h, kv_axis=1)
 
 
 def store_window(cache: KVCache, start, depth=None, *, prelude=None, core=None, coda=None) -> KVCache:
