@@ -525,6 +525,23 @@ def main(argv=None) -> int:
         return 2
     if args.scaling is None:
         args.scaling = "32,64,128" if args.quick else "64,128,256"
+    if args.layer_costs:
+        try:
+            name, batch, slots = args.layer_costs.split(",")
+            args.layer_costs = (name, int(batch), int(slots))
+            if name not in MODELS or args.layer_costs[1] < 1 or args.layer_costs[2] < 1:
+                raise ValueError
+        except ValueError:
+            print(f"bench_decode.py: error: --layer_costs takes MODEL,BATCH,SLOTS with MODEL one of "
+                  f"{sorted(MODELS)} (e.g. medium,8,288), got {args.layer_costs!r}", file=sys.stderr)
+            return 2
+    from alodlm_jax.testing.released_shapes import SHAPES
+
+    unknown = [m for m in args.released_shapes.split(",") if m and m not in SHAPES]
+    if unknown:
+        print(f"bench_decode.py: error: --released_shapes takes names from {sorted(SHAPES)}, got "
+              f"{', '.join(unknown)}", file=sys.stderr)
+        return 2
     args.modes = [m for m in args.modes.split(",") if m]
     args.batch_modes = [m for m in args.batch_modes.split(",") if m]
     args.scaling = [int(x) for x in args.scaling.split(",") if x]
@@ -545,8 +562,8 @@ def main(argv=None) -> int:
         if args.step_costs:
             full.setdefault("step_costs", {})[name] = bench_step_costs(name, args)
     if args.layer_costs:
-        name, batch, slots = args.layer_costs.split(",")
-        full["layer_costs"] = layer_costs(name, int(batch), int(slots), args)
+        name, batch, slots = args.layer_costs
+        full["layer_costs"] = layer_costs(name, batch, slots, args)
     for name in [m for m in args.released_shapes.split(",") if m]:
         full.setdefault("step_costs", {})[name] = released_step_costs(name, args)
     if args.scaling and not args.costs_only:
