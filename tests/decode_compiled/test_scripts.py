@@ -44,6 +44,12 @@ def test_bench_decode_quick_run(tmp_path):
     for goal in model["goals"].values():
         assert goal["measured"] > 0 and goal["ceiling"] > 0
     assert "goal compiled/torch >= 10.0" in done.stdout
+    # The batch goal's second bound: the prompts' own passes (the longest request sets the steps).
+    passes = model["batch_passes"]["entropy"]
+    batch_goal = model["goals"]["batch/compiled"]
+    assert batch_goal["passes"]["least_steps"] == max(max(passes), -(-sum(passes) // 2))
+    assert 1.0 <= batch_goal["workload_ceiling"] <= 2.0
+    assert "even if a step cost one pass" in done.stdout
     # XLA's cost and memory analysis of one batch step at each size, beside the floor.
     costs = data["step_costs"]["small"]
     assert [c["batch"] for c in costs] == [1, 2]
