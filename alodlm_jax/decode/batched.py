@@ -17,10 +17,12 @@ need:
 Packed rows (:class:`alodlm_jax.model.RowMap`): the network does not run on ``B`` padded windows
 of ``W`` rows but on the live requests' valid rows packed into one matrix, whose row count is the
 smallest of :func:`alodlm_jax.model.row_totals` (1/4, 1/2, 5/8, 3/4 or all of ``B * W``) holding
-them, a ``lax.switch``. Every row-wise operation (norms, projections, MLP, RoPE) multiplies each
-weight once for all of them; attention, which reads each request's own cache at its own depth,
-runs per request on the padded layout (queries, keys and values scattered there and back). So a
-step of ``B`` requests reads every weight once, as a single pass does: on an accelerator, where a
+them, a ``lax.switch`` over :func:`alodlm_jax.model.step_shapes`. Every row-wise operation
+(norms, projections, MLP, RoPE) multiplies each weight once for all of them; attention, which
+reads each request's own cache at its own depth, and the heads (token, entropy, hazard) run per
+request on the padded layout of the shape's *lanes*, which hold only the requests with rows
+(queries, keys and values scattered there and back): a batch that is emptying attends for its
+live requests in half the lanes rather than for all ``B`` slots. So a step of ``B`` requests reads every weight once, as a single pass does: on an accelerator, where a
 pass is bound by reading the weights, ``B`` requests share one read
 (``scripts/gpu_check.sh``'s batch sweep, :func:`step_analysis`).
 
@@ -108,13 +110,12 @@ def _select(mask, new, old):
     return jax.tree_util.tree_map(pick, new, old)
 
 
-def _on_rows(counts, sizes, make_branch, *operands):
-    """``make_branch(R)(*operands)`` for the smallest of ``sizes`` compact rows holding
-    ``sum(counts)`` (one ``lax.switch``; ``R = 0`` is a branch of its own where listed)."""
-    total = jnp.sum(counts)
-    index = jnp.minimum(jnp.sum((jnp.asarray(sizes, jnp.int32) < total).astype(jnp.int32)),
-                        len(sizes) - 1)
-    return jax.lax.switch(index, [make_branch(n) for n in sizes], *operands)
+def _on_rows(counts, shapes, make_branch, *operands):
+    """``make_branch(R, A)(*operands)`` for the first of ``shapes`` (:func:`alodlm_jax.model.step_shapes`,
+    ``(0, 0)`` a branch of its own where listed) holding ``counts``' rows and requests with rows
+    (one ``lax.switch``)."""
+    index = M.step_shape_index(shapes, counts)
+    return jax.lax.switch(index, [make_branch(*shape) for shape in shapes], *operands)
 
 
 def _prelude_rows(params, cache, packed, opening, prefix_limit, *, cfg, rows):
@@ -126,12 +127,12 @@ def _prelude_rows(params, cache, packed, opening, prefix_limit, *, cfg, rows):
     counts = jnp.where(opening, packed.num_rows, 0)
     kv_shape = (batch, cfg.num_prelude_layers, rows) + cache.prelude_k.shape[-2:]
 
-    def branch(size):
+    def branch(size, lanes):
         def run(cache):
             if size == 0:
                 zeros = jnp.zeros(kv_shape, cache.prelude_k.dtype)
                 return jnp.zeros((batch, rows, hidden), params["embed"].dtype), (zeros, zeros)
-            m = M.row_map(counts, size)
+            m = M.row_map(counts, size, lanes)
             h = M.embed(params, M.to_rows(packed.ids, m))
             h, k, v = M.run_window_rows(params["prelude"], cfg, h, M.to_rows(packed.positions, m), m,
                                         cache.prelude_k, cache.prelude_v, packed.start,
@@ -139,19 +140,21 @@ def _prelude_rows(params, cache, packed, opening, prefix_limit, *, cfg, rows):
             return M.from_rows(h, m, rows), (k, v)
         return run
 
-    return _on_rows(counts, (0,) + M.row_totals(batch, rows), branch, cache)
+    return _on_rows(counts, ((0, 0),) + M.step_shapes(batch, rows), branch, cache)
 
 
-def _pass_rows(params, cache, h, packed, depth, live, prefix_limit, *, cfg, rows):
-    """Core at each request's depth and readout for every live request, rows packed together:
-    ``(h [B, W, H], r [B, W, H], core (k, v), coda (k, v))`` (``[B, L, W, n_kv, d_h]``); rows
-    outside a live window keep ``h``. Reads the cache only."""
+def _pass_rows(params, cache, h, packed, depth, live, prefix_limit, *, cfg, rows, heads):
+    """Core at each request's depth, readout and heads for every live request, rows packed
+    together: ``(h [B, W, H], (pred, entropy, hazard) [B, W], core (k, v), coda (k, v))``
+    (``[B, L, W, n_kv, d_h]``); rows outside a live window keep ``h``, requests without rows get
+    zeros from the heads. The heads run per request (:func:`.portable.token_heads`, the gate) in
+    the lanes of the live requests only. Reads the cache only."""
     batch = packed.ids.shape[0]
     counts = jnp.where(live, packed.num_rows, 0)
 
-    def branch(size):
+    def branch(size, lanes):
         def run(cache, h_in):
-            m = M.row_map(counts, size)
+            m = M.row_map(counts, size, lanes)
             positions = M.to_rows(packed.positions, m)
             h, *core_kv = M.run_window_rows(params["core"], cfg, M.to_rows(h_in, m), positions, m,
                                             cache.core_k, cache.core_v, packed.start, depth,
@@ -159,12 +162,16 @@ def _pass_rows(params, cache, h, packed, depth, live, prefix_limit, *, cfg, rows
             r, *coda_kv = M.run_window_rows(params["coda"], cfg, h, positions, m, cache.coda_k,
                                             cache.coda_v, packed.start, prefix_limit=prefix_limit,
                                             rows=rows)
-            r = M.rms_norm(r, params["final_norm"], cfg.rms_norm_eps)
-            return (M.from_rows(h, m, rows, fill=h_in), M.from_rows(r, m, rows), tuple(core_kv),
-                    tuple(coda_kv))
+            r = M.to_lanes(M.rms_norm(r, params["final_norm"], cfg.rms_norm_eps), m, rows)
+            lane_packed = jax.tree_util.tree_map(lambda x: x[m.lane], packed)
+            pred, entropy = jax.vmap(P.token_heads, (None, 0, 0, None))(params, r, lane_packed,
+                                                                        heads)
+            hazard = jax.vmap(M.gate_hazard, (None, 0, 0))(params, r, depth[m.lane])
+            outputs = tuple(M.lanes_to_batch(x, m) for x in (pred, entropy, hazard))
+            return M.from_rows(h, m, rows, fill=h_in), outputs, tuple(core_kv), tuple(coda_kv)
         return run
 
-    return _on_rows(counts, M.row_totals(batch, rows), branch, cache, h)
+    return _on_rows(counts, M.step_shapes(batch, rows), branch, cache, h)
 
 
 def _complete_stopped(cache, core_kv, start, stop, executed, max_depth: int):
@@ -221,13 +228,11 @@ def _step(params, cache, slots, consts, *, cfg, window_size, mode):
     # One pass for every live request at its own depth (P.window_pass, on packed rows).
     inject, tok = vm(S.injection_rows)(pst)
     h = jnp.where(inject[..., None], M.embed(params, tok), h)
-    h, r, core_kv, coda_kv = _pass_rows(params, cache, h, packed, depth, live, prefix_limit,
-                                        cfg=cfg, rows=rows)
+    h, (pred, entropy, hazard), core_kv, coda_kv = _pass_rows(
+        params, cache, h, packed, depth, live, prefix_limit, cfg=cfg, rows=rows, heads=window_size)
     here = jnp.where(live, real_start, scratch)
     cache = vm(lambda c, st, d, core, coda: M.store_window(c, st, d, core=core, coda=coda))(
         cache, here, depth, core_kv, coda_kv)
-    pred, entropy = vm(P.token_heads, (None, 0, 0, None))(params, r, packed, window_size)
-    hazard = vm(M.gate_hazard, (None, 0, 0))(params, r, depth)
     decide = functools.partial(S.decide_pass, q=consts["q"], tau=consts["tau"], mode=mode,
                                max_depth=cfg.max_depth)
     pst, stop = vm(decide)(pst, pred, entropy, hazard, depth)
