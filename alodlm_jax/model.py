@@ -520,10 +520,11 @@ def row_map(counts: jax.Array, size: int, lanes: int | None = None) -> RowMap:
     row = jnp.where(valid, r - offset[slot], 0)
     has = counts > 0
     (lane,) = jnp.nonzero(has, size=lanes, fill_value=0)
-    lane_of = jnp.where(has, jnp.minimum(jnp.cumsum(has.astype(jnp.int32)) - 1, lanes - 1), 0)
-    lane_valid = jnp.arange(lanes, dtype=jnp.int32) < jnp.sum(has.astype(jnp.int32))
+    ranks = jnp.cumsum(has.astype(jnp.int32))
+    lane_of = jnp.where(has, jnp.minimum(ranks - 1, lanes - 1), 0)
+    lane_valid = jnp.arange(lanes, dtype=jnp.int32) < ranks[-1]
     return RowMap(slot=jnp.where(valid, slot, 0), row=row, valid=valid, offset=offset, count=counts,
-                  lane=lane.astype(jnp.int32), lane_valid=lane_valid, lane_of=lane_of.astype(jnp.int32))
+                  lane=lane.astype(jnp.int32), lane_valid=lane_valid, lane_of=lane_of)
 
 
 def row_totals(batch: int, rows: int) -> tuple[int, ...]:
@@ -565,39 +566,42 @@ def step_shape_index(shapes: tuple[tuple[int, int], ...], counts: jax.Array) -> 
     return jnp.argmax(fits).astype(jnp.int32)
 
 
+def _compact(x: jax.Array, m: RowMap, slot: jax.Array) -> jax.Array:
+    """Padded ``x[slot[r], m.row[r]]`` for each compact row ``r`` (zeros for padding rows)."""
+    out = x[slot, m.row]
+    return jnp.where(m.valid.reshape((-1,) + (1,) * (out.ndim - 1)), out, jnp.zeros((), x.dtype))
+
+
+def _padded(x: jax.Array, offset: jax.Array, count: jax.Array, rows: int, fill) -> jax.Array:
+    """Compact ``[R, ...]`` -> ``[N, rows, ...]``: entry ``n`` holds compact rows ``offset[n] ..
+    offset[n]+count[n]-1``, then ``fill``'s rows."""
+    a = jnp.arange(rows, dtype=jnp.int32)
+    index = jnp.minimum(offset[:, None] + a[None, :], x.shape[0] - 1)  # [N, rows]
+    inside = a[None, :] < count[:, None]
+    return jnp.where(inside.reshape(inside.shape + (1,) * (x.ndim - 1)), x[index], fill)
+
+
 def to_rows(x: jax.Array, m: RowMap) -> jax.Array:
     """Padded ``[B, W, ...]`` -> compact ``[R, ...]`` (padding rows are zeros)."""
-    out = x[m.slot, m.row]
-    return jnp.where(m.valid.reshape((-1,) + (1,) * (out.ndim - 1)), out, jnp.zeros((), x.dtype))
+    return _compact(x, m, m.slot)
 
 
 def from_rows(x: jax.Array, m: RowMap, rows: int, fill: jax.Array | None = None) -> jax.Array:
     """Compact ``[R, ...]`` -> padded ``[B, rows, ...]``; rows past a request's count take
     ``fill``'s rows (zeros by default)."""
-    a = jnp.arange(rows, dtype=jnp.int32)
-    index = jnp.minimum(m.offset[:, None] + a[None, :], x.shape[0] - 1)  # [B, rows]
-    inside = a[None, :] < m.count[:, None]
-    out = x[index]
-    if fill is None:
-        fill = jnp.zeros((), x.dtype)
-    return jnp.where(inside.reshape(inside.shape + (1,) * (out.ndim - 2)), out, fill)
+    return _padded(x, m.offset, m.count, rows, jnp.zeros((), x.dtype) if fill is None else fill)
 
 
 def to_lanes(x: jax.Array, m: RowMap, rows: int) -> jax.Array:
     """Compact ``[R, ...]`` -> the lanes' padded layout ``[A, rows, ...]`` (zeros past each lane's
     request's rows, and in lanes left over)."""
-    a = jnp.arange(rows, dtype=jnp.int32)
-    index = jnp.minimum(m.offset[m.lane][:, None] + a[None, :], x.shape[0] - 1)  # [A, rows]
-    inside = (a[None, :] < m.count[m.lane][:, None]) & m.lane_valid[:, None]
-    out = x[index]
-    return jnp.where(inside.reshape(inside.shape + (1,) * (out.ndim - 2)), out,
-                     jnp.zeros((), x.dtype))
+    count = jnp.where(m.lane_valid, m.count[m.lane], 0)
+    return _padded(x, m.offset[m.lane], count, rows, jnp.zeros((), x.dtype))
 
 
 def from_lanes(x: jax.Array, m: RowMap) -> jax.Array:
     """The lanes' padded layout ``[A, W, ...]`` -> compact ``[R, ...]`` (padding rows are zeros)."""
-    out = x[m.lane_of[m.slot], m.row]
-    return jnp.where(m.valid.reshape((-1,) + (1,) * (out.ndim - 1)), out, jnp.zeros((), x.dtype))
+    return _compact(x, m, m.lane_of[m.slot])
 
 
 def lanes_to_batch(x: jax.Array, m: RowMap) -> jax.Array:
@@ -622,7 +626,7 @@ def _window_layer_rows(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin
     k = k.astype(k_all.dtype)
     v = v.astype(v_all.dtype)
     layer = jnp.asarray(layer, jnp.int32)
-    lane = m.lane
+    lane = m.lane  # each lane's request
 
     def attend_first(size, q, k, v, k_all, v_all):
         def one(q, k, v, b, start, depth):

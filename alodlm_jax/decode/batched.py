@@ -22,8 +22,8 @@ them, a ``lax.switch`` over :func:`alodlm_jax.model.step_shapes`. Every row-wise
 reads each request's own cache at its own depth, and the heads (token, entropy, hazard) run per
 request on the padded layout of the shape's *lanes*, which hold only the requests with rows
 (queries, keys and values scattered there and back): a batch that is emptying attends for its
-live requests in half the lanes rather than for all ``B`` slots. So a step of ``B`` requests reads every weight once, as a single pass does: on an accelerator, where a
-pass is bound by reading the weights, ``B`` requests share one read
+live requests in half the lanes rather than for all ``B`` slots. So a step of ``B`` requests
+reads every weight once, as a single pass does: on an accelerator, where a pass is bound by reading the weights, ``B`` requests share one read
 (``scripts/gpu_check.sh``'s batch sweep, :func:`step_analysis`).
 
 So windows are not synchronized: a request whose window stops after one pass starts its next
