@@ -34,7 +34,7 @@ class Case:
     name: str
     metric: str  # python_tests or evalplus
     program: str
-    verdict: bool  # under the reference rules
+    verdict: bool | None  # under the reference rules; None: whatever the program earns there
     victims: tuple[str, ...] = ()  # files under {outside} that must keep content, mode, mtime
     absent: tuple[str, ...] = ()  # paths (placeholders allowed) that must not exist afterwards
     needs: tuple[str, ...] = ()  # sandbox mechanisms the case needs, all of them
@@ -252,6 +252,9 @@ _FRAME = (
 # Grader tricks: each tries to pass without the right answer. The strict rules must reject every
 # one; under the reference's rules the first ones pass (`verdict`), and those aimed at strict
 # python_tests' split (its call channel, the test process) have nothing to aim at and fail.
+# A trick whose success under the reference's rules depends on the machine (the kernel, the
+# allocator, where the tests happen to lie in memory) has `verdict=None`: there its verdict is
+# whatever the program earns, and only the run's survival and the canaries are asserted.
 TRICKS = [
     Case("early_sys_exit", "python_tests",
          "import sys\ndef identity(x):\n    return 0\nsys.exit(0)\n", True, strict_verdict=False),
@@ -311,7 +314,7 @@ TRICKS = [
          "            if found:\n                return int(found.group(1))\n"
          "    return 0\n"
          "def identity(x):\n    return _search()\n",
-         True, strict_verdict=False, timeout=10.0),
+         None, strict_verdict=False, timeout=10.0),
     Case("forge_the_end_of_tests_token_from_memory", "python_tests",
          _FRAME + "import re\ncandidates = set()\nbudget = 64 << 20\n"
          "maps = open('/proc/self/maps').read().splitlines()\n"

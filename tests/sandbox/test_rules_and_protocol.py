@@ -51,7 +51,11 @@ def test_grader_tricks_under_both_rule_sets(case, rules, trick_runs):
     verdicts, _ = trick_runs[rules]
     index = hostile.TRICKS.index(case)
     expected = case.verdict if rules == "reference" else case.strict_verdict
-    assert verdicts[f"{index:02d}_{case.name}"] is expected
+    verdict = verdicts[f"{index:02d}_{case.name}"]
+    if expected is None:  # the trick's success depends on the machine: any verdict, never a crash
+        assert verdict in (True, False)
+    else:
+        assert verdict is expected
     assert verdicts[f"{index:02d}_canary_pass"] is True
     assert verdicts[f"{index:02d}_canary_fail"] is False
     assert verdicts["honest_pass"] is True and verdicts["honest_evalplus"] is True
