@@ -162,6 +162,10 @@ def _shard_state_class():
         def failures_path(self) -> str:
             return os.path.join(self.directory, f"scoring_failures.{self.suffix}.jsonl")
 
+        @property
+        def record_path(self) -> str:
+            return os.path.join(self.directory, f"run.{self.suffix}.json")
+
     return ShardState
 
 
@@ -218,11 +222,17 @@ def evaluate_shard(tasks: Sequence[Mapping[str, Any]], indices: Sequence[int], s
     process with no tasks (more processes than tasks) writes an empty shard and a marker with no
     benchmarks.
     """
-    from alodlm_scoring import evaluation, outputs
+    from alodlm_scoring import evaluation, outputs, run_record
 
     mine = [tasks[i] for i in indices]
     if not mine:
+        settings = evaluate_kwargs.get("settings")
+        previous = None
+        if settings is not None and state.resume:
+            previous = run_record.check(state.record_path, settings, has_rows=state.has_rows)
         state.create_directory()
+        if settings is not None:
+            run_record.begin(state.record_path, settings, previous, 0)
         if not state.file_exists:
             open(state.predictions_path, "ab").close()
         summary = {"benchmarks": {}, "benchmark_count": 0, "protocol": make_protocol([])}
@@ -266,6 +276,7 @@ def merge_shards(directory: str | os.PathLike, tasks: Sequence[Mapping[str, Any]
     index_of = {task_key(task): i for i, task in enumerate(tasks)}
     compile_seconds: list[float] = []
     code_scoring: dict[str, Any] = {}
+    parts: list[dict] = []
     for pid in range(num_processes):
         paths = shard_paths(directory, pid, num_processes)
         indices = split_tasks(len(tasks), num_processes, pid, split)
@@ -292,6 +303,8 @@ def merge_shards(directory: str | os.PathLike, tasks: Sequence[Mapping[str, Any]
                             "sandbox": shard_protocol.get("code_sandbox")}
         if isinstance(seconds, (int, float)):
             compile_seconds.append(float(seconds))
+        for span in shard_protocol.get("parts") or ():  # rows of one shard, by free settings
+            parts.append({"process": pid, **span})
         if os.path.exists(paths["failures"]):
             for line in _read_lines(paths["failures"]):
                 record = json.loads(line)
@@ -316,6 +329,8 @@ def merge_shards(directory: str | os.PathLike, tasks: Sequence[Mapping[str, Any]
     if code_scoring:  # the shards' code-scoring settings (a shard that scored code describes it)
         protocol = outputs.with_code_scoring(protocol, verdicts=code_scoring["verdicts"],
                                              sandbox=code_scoring["sandbox"] or {})
+    if parts:  # some shard's rows were written with different free settings (its row indices)
+        protocol["parts"] = parts
     summary["protocol"] = protocol
     outputs.write_summary(os.path.join(directory, evaluation.SUMMARY_FILE), summary)
     return summary

@@ -32,6 +32,7 @@ from alodlm_convert.config import CONFIG_FILE, RECURRENCE_FILE
 from alodlm_convert.errors import CheckpointError
 from alodlm_convert.load import MANIFEST_FILE, MANIFEST_FORMAT, PARAMS_FILE
 from alodlm_convert.stream import DEFAULT_BLOCK_BYTES, Progress, write_params
+from alodlm_scoring.files import current_umask
 
 # Side files copied verbatim when present (tokenizer, chat templates, generation config).
 SIDE_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -96,7 +97,7 @@ def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, dtype: st
 
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{dst.name}.partial-", dir=dst.parent))
     try:
-        os.chmod(tmp, 0o755)  # mkdtemp makes 0700; the result is an ordinary shared directory
+        os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes 0700; the result is an ordinary directory
         label = DTYPE_LABELS[target]
         source_hashes = write_params(plan, tmp / PARAMS_FILE, {"format": MANIFEST_FORMAT, "dtype": label},
                                       block_bytes, progress)

@@ -7,6 +7,7 @@ imported when a download is actually needed.
 
 from __future__ import annotations
 
+import hashlib
 import pathlib
 
 # The reference's inference allow-list: exactly what inference needs, never "*" or "*.pt".
@@ -53,6 +54,35 @@ def resolve_model(model: str | pathlib.Path) -> pathlib.Path:
         raise ModelNotFoundError(
             f"model {text!r}: the Hugging Face Hub download failed ({_reason(error)}); retry, or "
             f"{_alternatives(text)}") from None
+
+
+def model_files(directory: str | pathlib.Path) -> dict[str, str]:
+    """The identity of a resolved model directory: each file inference reads
+    (:data:`INFERENCE_PATTERNS`), by its path in the directory, mapped to its content digest.
+
+    A file in the Hugging Face cache is a link to a blob named by its content hash, and that name
+    is its digest (``hf-blob:<name>``); any other file is hashed (``sha256:<hex>``), several at a
+    time (a multi-GB checkpoint costs about as long as reading it once).
+    """
+    import concurrent.futures
+
+    root = pathlib.Path(directory)
+    paths = sorted({path for pattern in INFERENCE_PATTERNS for path in root.glob(pattern)
+                    if path.is_file()})
+
+    def digest(path: pathlib.Path) -> str:
+        target = path.resolve()
+        if path.is_symlink() and target.parent.name == "blobs":
+            return "hf-blob:" + target.name
+        hasher = hashlib.sha256()
+        with open(target, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 24), b""):
+                hasher.update(block)
+        return "sha256:" + hasher.hexdigest()
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        digests = list(pool.map(digest, paths))
+    return {path.relative_to(root).as_posix(): value for path, value in zip(paths, digests)}
 
 
 def _alternatives(model: str, offline: bool = False) -> str:

@@ -19,7 +19,7 @@ import pathlib
 from alodlm_scoring import plaindata
 from alodlm_scoring.groundtruth import Job, Measured
 
-from .files import write_atomically
+from alodlm_scoring.files import write_atomically
 
 __all__ = ["GroundTruthCache", "cache_directory", "job_key"]
 

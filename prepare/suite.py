@@ -20,7 +20,7 @@ from alodlm_scoring.manifest import manifest_path
 from alodlm_scoring.tasks import load_tasks, sha256_file
 
 from .benchmarks import Benchmark
-from .files import temporary_next_to
+from alodlm_scoring.files import temporary_next_to
 from .groundtruth_cache import GroundTruthCache, job_key
 from .items import BuildContext, Item, ItemError
 from .literals import Unwritable, suite_field

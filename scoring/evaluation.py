@@ -41,7 +41,7 @@ import json
 import os
 from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
-from . import outputs
+from . import outputs, run_record
 from .pool import Outcome, ScoringPool, is_code_task
 from .predictions import RESCORE_FIELDS, load_predictions  # noqa: F401 - load_predictions: re-exported
 from .tasks import CODE_METRICS, sha256_file, task_key
@@ -60,6 +60,7 @@ __all__ = [
     "rescore_source",
     "rescore_row_checker",
     "rescore_protocol",
+    "rescore_settings",
     "evaluate",
     "rescore",
     "rescore_pool_metrics",
@@ -169,6 +170,15 @@ class OutputState:
     @property
     def failures_path(self) -> str:
         return os.path.join(self.directory, FAILURES_FILE)
+
+    @property
+    def record_path(self) -> str:
+        return os.path.join(self.directory, run_record.RECORD_FILE)
+
+    @property
+    def has_rows(self) -> bool:
+        """Whether a previous run left rows (or a summary) that a resume would continue."""
+        return bool(self.existing_lines) or self.summary_exists
 
 
 def prepare_output_directory(directory: str | os.PathLike, *, resume: bool = False) -> OutputState:
@@ -285,6 +295,19 @@ def rescore_protocol(input_path: str | os.PathLike,
     return make
 
 
+def rescore_settings(input_path: str | os.PathLike, predictions_path: str | os.PathLike, *,
+                     code_sandbox: str = "on", code_verdicts: str = "reference"
+                     ) -> run_record.RunSettings:
+    """What a resumed rescore run must share with the run it continues: both files' contents and
+    the code-scoring settings (``--workers`` and ``--math_in_workers`` change no verdict)."""
+    return run_record.RunSettings(bound={
+        "--input": run_record.file_digest(input_path),
+        "--predictions": run_record.file_digest(predictions_path),
+        "--code_verdicts": code_verdicts,
+        "--code_sandbox": code_sandbox,
+    })
+
+
 # --------------------------------------------------------------------------------------------
 # Scoring and writing
 # --------------------------------------------------------------------------------------------
@@ -357,6 +380,7 @@ def evaluate(
     overlap: bool = True,
     code_sandbox: str = "on",
     code_verdicts: str = "reference",
+    settings: run_record.RunSettings | None = None,
 ) -> dict:
     """Score every task, write ``predictions.jsonl`` and ``summary.json``; return the summary.
 
@@ -372,24 +396,38 @@ def evaluate(
     ``code_sandbox`` (``on``/``off``) and ``code_verdicts`` (``reference``/``strict``) configure
     the pool the call starts (a given ``pool`` keeps its own); both are recorded in the
     protocol (``code_verdicts``, ``code_sandbox``).
+
+    ``settings`` (the run's :class:`~alodlm_scoring.run_record.RunSettings`) are checked against
+    the run record of a resumed run before anything is touched, and written to the record
+    (``run.json``) when the work starts; ``protocol.parts`` then says which free settings wrote
+    which rows when they differ. Without ``settings`` no record is kept or checked.
     """
     if score is None:
         from .metrics import score as default_score
 
         score = default_score
+    previous = None
+    if settings is not None and state.resume:
+        previous = run_record.check(state.record_path, settings, has_rows=state.has_rows)
     existing = _resume_prefix(state, tasks, check_existing_row) if state.resume else []
     state.create_directory()
+    created_record = False
     try:
-        return _evaluate_into(tasks, state, existing, rows_source, make_protocol, workers,
-                              progress, score, pool, pool_metrics, overlap, code_sandbox,
-                              code_verdicts)
+        if settings is not None:
+            created_record = run_record.begin(state.record_path, settings, previous, len(existing))
+        summary = _evaluate_into(tasks, state, existing, rows_source, make_protocol, workers,
+                                 progress, score, pool, pool_metrics, overlap, code_sandbox,
+                                 code_verdicts, settings is not None)
     except BaseException:
+        if created_record and not os.path.exists(state.predictions_path):
+            run_record.discard(state.record_path)  # nothing written: the directory as it was
         state.remove_created_directories()  # only while empty: written rows stay for --resume
         raise
+    return summary
 
 
 def _evaluate_into(tasks, state, existing, rows_source, make_protocol, workers, progress, score,
-                   pool, pool_metrics, overlap, code_sandbox, code_verdicts) -> dict:
+                   pool, pool_metrics, overlap, code_sandbox, code_verdicts, recorded) -> dict:
     failures = _reset_to_prefix(state, existing) if state.resume else []
     aggregated = [_aggregate_fields(row) for row in existing]
     start = len(existing)
@@ -420,6 +458,9 @@ def _evaluate_into(tasks, state, existing, rows_source, make_protocol, workers, 
             code_scoring = _code_scoring(described, tasks)
     summary = outputs.aggregate(aggregated)
     summary["protocol"] = outputs.with_code_scoring(make_protocol(failures), **code_scoring)
+    parts = run_record.protocol_parts(state.record_path, len(tasks)) if recorded else None
+    if parts is not None:  # rows written with different free settings: say which wrote which
+        summary["protocol"]["parts"] = parts
     outputs.write_summary(state.summary_path, summary)
     return summary
 
@@ -526,6 +567,8 @@ def rescore(
         pool_metrics=rescore_pool_metrics(workers, math_in_pool),
         code_sandbox=code_sandbox,
         code_verdicts=code_verdicts,
+        settings=rescore_settings(input_path, predictions_path, code_sandbox=code_sandbox,
+                                  code_verdicts=code_verdicts),
     )
 
 

@@ -15,8 +15,9 @@ import json
 import math
 import os
 import platform
-import tempfile
 from typing import Any, Iterable, Mapping, Sequence
+
+from .files import write_atomically
 
 __all__ = [
     "GENERATE_TIMING",
@@ -338,24 +339,9 @@ def summary_text(summary: Mapping[str, Any]) -> str:
 
 
 def write_summary(path: str | os.PathLike, summary: Mapping[str, Any]) -> None:
-    """Write ``summary.json`` atomically (temporary file in the same directory, then replace).
+    """Write ``summary.json`` atomically (temporary file in the same directory, then replace),
+    with the umask's permissions.
 
     A run killed while writing therefore never leaves a half-written summary behind (D8).
     """
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    text = summary_text(summary)
-    fd, temporary = tempfile.mkstemp(prefix=".summary.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except FileNotFoundError:
-            pass
-        raise
-
+    write_atomically(path, summary_text(summary))

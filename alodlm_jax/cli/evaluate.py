@@ -18,10 +18,11 @@ from typing import Any, Mapping, Sequence, TextIO
 
 from absl import flags
 
-from alodlm_jax.cli.flags import (apply_compilation_flags, code_scoring_from_flags,
-                                  decode_config_from_flags, define_code_scoring_flags,
-                                  define_compilation_flags, define_decode_flags,
-                                  define_model_flags, run_command)
+from alodlm_jax.cli.flags import (FREE_SETTINGS_HELP, apply_compilation_flags,
+                                  code_scoring_from_flags, decode_config_from_flags,
+                                  define_code_scoring_flags, define_compilation_flags,
+                                  define_decode_flags, define_model_flags, generate_run_settings,
+                                  run_command)
 from alodlm_jax.config import DEFAULT_ENGINE, ENGINE_NAMES, ENGINES, DecodeConfig
 
 PROG = "alodlm-jax-evaluate"
@@ -65,7 +66,13 @@ flags.DEFINE_boolean("resume", False, "Continue an interrupted run in --output: 
                      "predictions.jsonl rows (checked against the tasks), drop a torn last line, "
                      "score the rest; the files equal an uninterrupted run's (with --batch_size "
                      "> 1 a resumed row's first-pass hazards only within 1e-6: its batch "
-                     "neighbours changed; tokens, counters and verdicts identical).",
+                     "neighbours changed; tokens, counters and verdicts identical). Only the same "
+                     "run resumes: the task file's content, the model (its resolved directory and "
+                     "files), every decoding flag, --precision, --device, --model_config, "
+                     "--code_verdicts, --code_sandbox and, rescoring, the predictions file's "
+                     "content must equal those recorded in --output/run.json when the run "
+                     "started; the first that differs is refused before any work (exit 2). Free "
+                     f"to differ: {FREE_SETTINGS_HELP}.",
                      flag_values=FLAGS)
 define_compilation_flags(FLAGS)  # generate mode
 flags.DEFINE_integer("batch_size", 1, "Generate mode: N tasks decoded together by one compiled "
@@ -187,6 +194,12 @@ def build_generator(decode: DecodeConfig, device: str, engine: str | None = None
     )
 
 
+def require_model(flag_values: flags.FlagValues) -> None:
+    """Generate mode needs ``--model`` (checked before anything reads it)."""
+    if not flag_values.model:
+        raise ValueError("--model is required for generation")
+
+
 def generator_from_flags(flag_values: flags.FlagValues, decode: DecodeConfig, *,
                          several_processes: bool = False):
     """The generator that the model flags ask for (``--model``, ``--model_config``, ``--device``,
@@ -197,8 +210,7 @@ def generator_from_flags(flag_values: flags.FlagValues, decode: DecodeConfig, *,
     (``alodlm_jax.harness``: lm-eval's ``model_args``).
     """
     fv = flag_values
-    if not fv.model:
-        raise ValueError("--model is required for generation")
+    require_model(fv)
     engine = fv.engine  # no fallback: the engine asked for (or the default) runs, or none
     from alodlm_jax import sharding
     from alodlm_jax.generate import check_batch_size, default_device  # imports JAX
@@ -220,13 +232,17 @@ def generator_from_flags(flag_values: flags.FlagValues, decode: DecodeConfig, *,
 
 def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConfig,
                    progress) -> dict:
-    from alodlm_scoring import evaluation, outputs
+    from alodlm_scoring import evaluation, outputs, run_record
     from alodlm_scoring.manifest import suite_manifest
     from alodlm_scoring.tasks import sha256_file
 
     batch_size = FLAGS.batch_size
     input_sha256 = sha256_file(FLAGS.input)
     manifest = suite_manifest(FLAGS.input)
+    require_model(FLAGS)
+    settings = _generate_settings(decode)
+    if state.resume:  # the same run, or nothing: checked before the model is loaded
+        run_record.check(state.record_path, settings, has_rows=state.has_rows)
     generator, engine, device = generator_from_flags(
         FLAGS, decode, several_processes=_process_info is not None)
     from alodlm_jax import sharding
@@ -286,14 +302,31 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
             generate_stream=batched_stream if batch_size > 1 else None,
             make_protocol=make_protocol, split=FLAGS.task_split, state=state,
             workers=FLAGS.workers, progress=progress, overlap=FLAGS.overlap_scoring,
-            **_code_scoring(),
+            settings=settings, **_code_scoring(),
         )
     return evaluation.evaluate(
         tasks, state, rows_source=rows if batch_size == 1 else batched_rows,
         make_protocol=make_protocol,
         workers=FLAGS.workers, progress=progress, overlap=FLAGS.overlap_scoring,
-        **_code_scoring(),
+        settings=settings, **_code_scoring(),
     )
+
+
+def _generate_settings(decode: DecodeConfig):
+    """This run's record (alodlm_scoring.run_record): what a resume must share with it, and the
+    free settings of this part. Resolves the model and the device (imports JAX)."""
+    from alodlm_jax.generate import default_device
+
+    sandbox, verdicts = code_scoring_from_flags(FLAGS)
+    extra = {}
+    if _process_info is not None:  # which tasks a shard holds
+        extra = {"--num_processes": _process_info.num_processes, "--task_split": FLAGS.task_split}
+    return generate_run_settings(
+        input_path=FLAGS.input, model=FLAGS.model, model_config=FLAGS.model_config,
+        precision=FLAGS.precision, device=FLAGS.device or default_device(), decode=decode,
+        code_sandbox=sandbox, code_verdicts=verdicts, extra=extra,
+        free={"decoder": ENGINE_NAMES[FLAGS.engine], "batch_size": FLAGS.batch_size,
+              "mesh": FLAGS.mesh})
 
 
 def _code_scoring() -> dict:
@@ -305,6 +338,7 @@ def _rescore_mode(tasks: Sequence[Mapping[str, Any]], state, progress) -> dict:
     from alodlm_scoring import evaluation
 
     predictions = evaluation.load_predictions(FLAGS.predictions, tasks)
+    sandbox, verdicts = code_scoring_from_flags(FLAGS)
     return evaluation.evaluate(
         tasks,
         state,
@@ -314,6 +348,8 @@ def _rescore_mode(tasks: Sequence[Mapping[str, Any]], state, progress) -> dict:
         progress=progress,
         check_existing_row=evaluation.rescore_row_checker(predictions) if state.resume else None,
         pool_metrics=evaluation.rescore_pool_metrics(FLAGS.workers, FLAGS.math_in_workers),
+        settings=evaluation.rescore_settings(FLAGS.input, FLAGS.predictions,
+                                             code_sandbox=sandbox, code_verdicts=verdicts),
         **_code_scoring(),
     )
 

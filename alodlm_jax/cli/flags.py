@@ -30,7 +30,8 @@ __all__ = ["USER_ERRORS", "FlagError", "normalize_argv", "parse_flags", "run_com
            "first_line",
            "define_decode_flags", "decode_config_from_flags", "naming_decode_flags",
            "define_model_flags", "define_code_scoring_flags", "code_scoring_from_flags",
-           "define_compilation_flags", "apply_compilation_flags", "default_compilation_cache_dir"]
+           "define_compilation_flags", "apply_compilation_flags", "default_compilation_cache_dir",
+           "generate_run_settings", "FREE_SETTINGS_HELP"]
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -309,3 +310,39 @@ def apply_compilation_flags(flag_values: flags.FlagValues) -> str | None:
     if not flag_values.compilation_cache:
         return None
     return flag_values.compilation_cache_dir or str(default_compilation_cache_dir())
+
+
+# What --resume lets differ from the run it continues (they change no token or verdict).
+FREE_SETTINGS_HELP = ("--engine, --batch_size, --mesh (the protocol then lists which rows each "
+                      "wrote, as protocol.parts), --workers, --math_in_workers, "
+                      "--overlap_scoring, the compilation cache flags, --print_summary_json")
+
+
+def generate_run_settings(*, input_path: str, model: str | None, model_config: str | None,
+                          precision: str, device: str | None, decode, code_sandbox: str,
+                          code_verdicts: str, free=None, extra=None):
+    """The :class:`~alodlm_scoring.run_record.RunSettings` of a generating run: what a resume
+    must share with it (the task file's content, the resolved model directory and its files'
+    digests, the recurrence YAML's content, every decoding setting, precision, device, the code
+    verdict rules and sandbox, and ``extra``), and the ``free`` settings recorded per part.
+
+    ``model=None`` (with ``--model_config``) or ``device=None`` leaves them out (a command that
+    generates nothing and so decides neither). Resolving a Hub id downloads it (or finds it in the cache).
+    """
+    from alodlm_convert.resolve import model_files, resolve_model
+    from alodlm_scoring.run_record import RunSettings, file_digest
+
+    bound = {"--input": file_digest(input_path), "--predictions": None}
+    if model is not None:
+        directory = resolve_model(model)
+        bound["--model"] = str(directory)
+        bound["--model files"] = model_files(directory)
+        bound["--model_config"] = file_digest(model_config) if model_config else None
+    bound.update({f"--{key}": value for key, value in decode.as_dict().items()})
+    bound["--precision"] = precision
+    if device is not None:
+        bound["--device"] = "cuda" if device == "gpu" else device
+    bound["--code_verdicts"] = code_verdicts
+    bound["--code_sandbox"] = code_sandbox
+    bound.update(extra or {})
+    return RunSettings(bound=bound, free=dict(free or {}))

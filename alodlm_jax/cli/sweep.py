@@ -9,8 +9,11 @@ it (predictions.jsonl, summary.json), plus that point's report.html. SWEEP_DIR/s
 every point's macro score, tokens per second and loop-token passes per output token, and
 SWEEP_DIR/report.html shows the quality-speed frontiers and links every point's report. The model
 is loaded once for the whole sweep. Rerunning the same command resumes: complete points are
-skipped (after checking their decoding configuration and task file), an interrupted point is
-continued from its last written row. Bad input: one line on stderr, exit status 2.
+skipped, an interrupted point is continued from its last written row, as
+alodlm-jax-evaluate --resume does it: only the same run continues (each point's run.json binds the
+task file's content, the model and its files, every decoding flag, precision, device and the code
+verdict settings; the first that differs is refused, exit 2, before any point runs; the engine
+and --workers are free). Bad input: one line on stderr, exit status 2.
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ from absl import flags
 
 from alodlm_jax.cli.flags import (apply_compilation_flags, code_scoring_from_flags,
                                   define_code_scoring_flags, define_compilation_flags,
-                                  define_model_flags, naming_decode_flags, run_command)
-from alodlm_jax.config import DEFAULT_ENGINE, ENGINES, DecodeConfig
+                                  define_model_flags, generate_run_settings, naming_decode_flags,
+                                  run_command)
+from alodlm_jax.config import DEFAULT_ENGINE, ENGINE_NAMES, ENGINES, DecodeConfig
 
 PROG = "alodlm-jax-sweep"
 FLAGS = flags.FlagValues()
@@ -119,6 +123,8 @@ def _sweep() -> int:
         FLAGS.model, precision=FLAGS.precision, device=device, engine=FLAGS.engine,
         model_config=FLAGS.model_config,
         compilation_cache_dir=apply_compilation_flags(FLAGS) if pending else None)
+    settings_for = _settings_for(base, device if (pending or FLAGS.device) else None,
+                                 code_sandbox, code_verdicts)
     input_sha256 = sha256_file(FLAGS.input)
     metadata = {"model": FLAGS.model, "input": os.path.abspath(FLAGS.input),
                 "input_sha256": input_sha256, "engine": FLAGS.engine,
@@ -127,14 +133,34 @@ def _sweep() -> int:
         tasks=tasks, input_sha256=input_sha256, generators=generators, base=base,
         fixed_protocol=fixed_protocol_fields(FLAGS.engine, FLAGS.precision, device),
         workers=FLAGS.workers, code_sandbox=code_sandbox, code_verdicts=code_verdicts,
-        progress_factory=lambda point: TaskProgress(point.name),
+        progress_factory=lambda point: TaskProgress(point.name), settings_for=settings_for,
     ) as runner:
         result = sweep.run_sweep(points, FLAGS.output, runner, base=base, metadata=metadata,
-                                 input_sha256=input_sha256, reports=FLAGS.reports)
+                                 input_sha256=input_sha256, reports=FLAGS.reports,
+                                 check_point=runner.check_point)
     sys.stderr.write(f"{PROG}: model loaded {generators.loads} time(s); "
                      f"{len(result.points)} point(s) in {result.sweep_json}\n")
     print(result.html_path, flush=True)
     return 0
+
+
+def _settings_for(base: DecodeConfig, device: str | None, code_sandbox: str, code_verdicts: str):
+    """``point -> RunSettings``: what a rerun must share with a point's earlier run (as
+    alodlm-jax-evaluate --resume); the model's files are hashed once for all points. Without
+    --model (every point complete) the model is not compared, nor the device unless given."""
+    from alodlm_scoring.run_record import RunSettings
+
+    common = generate_run_settings(
+        input_path=FLAGS.input, model=FLAGS.model, model_config=FLAGS.model_config,
+        precision=FLAGS.precision, device=device, decode=base, code_sandbox=code_sandbox,
+        code_verdicts=code_verdicts, free={"decoder": ENGINE_NAMES[FLAGS.engine]})
+
+    def settings_for(point) -> RunSettings:
+        bound = dict(common.bound)
+        bound.update({f"--{key}": value for key, value in point.decode_config(base).as_dict().items()})
+        return RunSettings(bound=bound, free=common.free)
+
+    return settings_for
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -26,7 +26,7 @@ import json
 import math
 import os
 import sys
-from typing import Any, Iterable, Mapping, Protocol, Sequence, TextIO
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence, TextIO
 
 from alodlm_jax.config import MODES, DecodeConfig, DecodeConfigError
 from alodlm_scoring.evaluation import make_directories, remove_directories
@@ -206,19 +206,27 @@ def run_sweep(
     check_decode: bool = True,
     reports: bool = True,
     log: TextIO | None = None,
+    check_point: Callable[[SweepPoint, str], None] | None = None,
 ) -> SweepResult:
     """Evaluate every point not yet complete, then write sweep.json, frontiers and the index page.
 
     ``metadata`` (model, input, engine, …) is copied into sweep.json. With ``check_decode`` a
     complete point's ``protocol.decode`` must equal the point's decoding configuration, and with
-    ``input_sha256`` its ``protocol.input_sha256`` must match. A sweep directory this call
-    creates is removed again if the call fails before anything is written in it.
+    ``input_sha256`` its ``protocol.input_sha256`` must match. ``check_point(point, directory)``
+    is called for every point that is not fresh, before any point runs (the runner's own check
+    that it is the same run; it raises to refuse). A sweep directory this call creates is removed
+    again if the call fails before anything is written in it.
     """
     root = os.fspath(root)
     log = log or sys.stderr
     names = [point.name for point in points]
     if len(set(names)) != len(names):
         raise ValueError("the grid has two points with the same directory name")
+    if check_point is not None:  # every point a rerun would continue or reuse, before any work
+        for point in points:
+            directory = os.path.join(root, point.name)
+            if point_state(directory) != "fresh":
+                check_point(point, directory)
     created = make_directories(root)
     try:
         return _run_points(points, root, runner, base=base, metadata=metadata,

@@ -81,6 +81,7 @@ class EvaluationPointRunner:
     code_sandbox: str = "on"
     code_verdicts: str = "reference"
     progress_factory: Callable[[SweepPoint], Any] | None = None
+    settings_for: Callable[[SweepPoint], Any] | None = None  # the point's run record settings
     _pool: Any = None
     _prompts_checked: bool = False
 
@@ -133,8 +134,19 @@ class EvaluationPointRunner:
                 timing=outputs.GENERATE_TIMING, scoring_failures=failures, **fields)
 
         progress = self.progress_factory(point) if self.progress_factory else None
+        settings = self.settings_for(point) if self.settings_for else None
         return evaluation.evaluate(tasks, state, rows_source=rows, make_protocol=make_protocol,
-                                   progress=progress, pool=self._scoring_pool())
+                                   progress=progress, pool=self._scoring_pool(), settings=settings)
+
+    def check_point(self, point: SweepPoint, directory: str) -> None:
+        """Refuse a point directory that another run's settings wrote (``run_sweep``'s
+        ``check_point``): its run record must bind this point's settings."""
+        from alodlm_scoring import evaluation, run_record
+
+        if self.settings_for is None:
+            return
+        state = evaluation.prepare_output_directory(directory, resume=True)
+        run_record.check(state.record_path, self.settings_for(point), has_rows=state.has_rows)
 
 
 def fixed_protocol_fields(engine: str, precision: str, device: str) -> dict[str, Any]:

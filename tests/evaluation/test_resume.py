@@ -45,11 +45,18 @@ def reference_run(tmp_path_factory):
     tasks_path, predictions_path = _slow_suite(directory)
     output = directory / "reference"
     assert evaluate.main(_argv(tasks_path, predictions_path, output)) == 0
-    return tasks_path, predictions_path, _files(output)
+    return tasks_path, predictions_path, _files(output), output / "run.json"
+
+
+def _started(output, reference_record):
+    """``output`` as the reference run left it when it started: its directory and run record."""
+    output.mkdir()
+    shutil.copy(reference_record, output / "run.json")
+    return output
 
 
 def test_sigkill_mid_run_then_resume_is_byte_identical(tmp_path, reference_run, capsys):
-    tasks_path, predictions_path, expected = reference_run
+    tasks_path, predictions_path, expected, record = reference_run
     output = tmp_path / "killed"
     process = subprocess.Popen(
         [sys.executable, "-m", "alodlm_jax.cli.evaluate", *_argv(tasks_path, predictions_path,
@@ -81,9 +88,8 @@ def test_sigkill_mid_run_then_resume_is_byte_identical(tmp_path, reference_run, 
 
 
 def test_torn_last_line_is_dropped(tmp_path, reference_run):
-    tasks_path, predictions_path, expected = reference_run
-    output = tmp_path / "torn"
-    output.mkdir()
+    tasks_path, predictions_path, expected, record = reference_run
+    output = _started(tmp_path / "torn", record)
     lines = expected[0].splitlines(keepends=True)
     (output / "predictions.jsonl").write_bytes(b"".join(lines[:4]) + lines[4][:17])
     assert evaluate.main(_argv(tasks_path, predictions_path, output, "--resume")) == 0
@@ -91,9 +97,8 @@ def test_torn_last_line_is_dropped(tmp_path, reference_run):
 
 
 def test_resume_of_a_finished_run_rewrites_the_same_summary(tmp_path, reference_run):
-    tasks_path, predictions_path, expected = reference_run
-    output = tmp_path / "done"
-    output.mkdir()
+    tasks_path, predictions_path, expected, record = reference_run
+    output = _started(tmp_path / "done", record)
     (output / "predictions.jsonl").write_bytes(expected[0])
     (output / "summary.json").write_bytes(expected[1])
     assert evaluate.main(_argv(tasks_path, predictions_path, output, "--resume")) == 0
@@ -104,7 +109,7 @@ def test_resume_of_a_finished_run_rewrites_the_same_summary(tmp_path, reference_
 
 
 def test_resume_refuses_rows_of_another_run(tmp_path, reference_run, capsys):
-    tasks_path, predictions_path, expected = reference_run
+    tasks_path, predictions_path, expected, record = reference_run
     lines = expected[0].splitlines(keepends=True)
     cases = {
         "other_task": lines[1] + lines[0],  # rows out of order
@@ -112,8 +117,7 @@ def test_resume_refuses_rows_of_another_run(tmp_path, reference_run, capsys):
         "tampered_timing": lines[0].replace(b'"wall_seconds": 0.1', b'"wall_seconds": 9.0'),
     }
     for name, content in cases.items():
-        output = tmp_path / name
-        output.mkdir()
+        output = _started(tmp_path / name, record)
         (output / "predictions.jsonl").write_bytes(content)
         status = evaluate.main(_argv(tasks_path, predictions_path, output, "--resume"))
         err = capsys.readouterr().err
@@ -141,4 +145,53 @@ def test_resume_keeps_scoring_failures_of_the_first_part(tmp_path, monkeypatch, 
     lines = expected[0].splitlines(keepends=True)
     (output / "predictions.jsonl").write_bytes(lines[0] + lines[1][:5])
     assert evaluate.main(_argv(tasks_path, predictions_path, output, "--resume")) == 0
+    assert _files(output) == expected
+
+
+def _directory_files(directory):
+    return {path.name: path.read_bytes() for path in sorted(directory.iterdir())}
+
+
+@pytest.mark.parametrize("change, flag", [
+    ("predictions", "--predictions"),
+    ("tasks", "--input"),
+    ("verdicts", "--code_verdicts"),
+    ("sandbox", "--code_sandbox"),
+])
+def test_resume_refuses_another_rescore_run(tmp_path, reference_run, capsys, change, flag):
+    """Rescoring, the same run means the same task and prediction files (their contents) and
+    the same code-scoring settings; anything else is refused before any work."""
+    tasks_path, predictions_path, expected, record = reference_run
+    output = _started(tmp_path / "partial", record)
+    (output / "predictions.jsonl").write_bytes(b"".join(expected[0].splitlines(keepends=True)[:3]))
+    extra = []
+    if change in ("predictions", "tasks"):  # same rows and ids, another file content
+        source = predictions_path if change == "predictions" else tasks_path
+        lines = open(source, encoding="utf-8").read().splitlines(keepends=True)
+        last = json.loads(lines[-1])
+        last["text" if change == "predictions" else "prompt"] += " (changed)"  # after the prefix
+        copy = tmp_path / os.path.basename(source)
+        copy.write_text("".join(lines[:-1]) + json.dumps(last) + "\n", encoding="utf-8")
+        if change == "predictions":
+            predictions_path = str(copy)
+        else:
+            tasks_path = str(copy)
+    elif change == "verdicts":
+        extra = ["--code_verdicts", "strict"]
+    else:
+        extra = ["--code_sandbox", "off"]
+    before = _directory_files(output)
+    assert evaluate.main(_argv(tasks_path, predictions_path, output, "--resume", *extra)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"cannot resume {output}: {flag} was " in err, err
+    assert _directory_files(output) == before
+
+
+def test_resume_with_other_workers_is_the_same_run(tmp_path, reference_run):
+    tasks_path, predictions_path, expected, record = reference_run
+    output = _started(tmp_path / "partial", record)
+    (output / "predictions.jsonl").write_bytes(b"".join(expected[0].splitlines(keepends=True)[:3]))
+    argv = _argv(tasks_path, predictions_path, output, "--resume")
+    argv[argv.index("--workers") + 1] = "2"
+    assert evaluate.main(argv) == 0
     assert _files(output) == expected

@@ -299,3 +299,19 @@ def test_a_plain_split_skips_the_evalplus_sets(tmp_path, sources, capsys):
     _one_line_error(*run_prepare(["--benchmark", "MMLU,HumanEval", "--split", "HumanEval=test",
                                   "--output", str(out)] + source_flags(sources, ("MMLU", "HumanEval")),
                                  capsys), "HumanEval", "no splits")
+
+
+def test_the_suite_and_its_manifest_honour_the_umask(tmp_path, sources, capsys):
+    import os
+    import stat
+
+    out = tmp_path / "suite.jsonl"
+    previous = os.umask(0o027)
+    try:
+        status, _, err = run_prepare(["--benchmark", "ARC-C", "--output", str(out)]
+                                     + source_flags(sources, ("ARC-C",)), capsys)
+    finally:
+        os.umask(previous)
+    assert status == 0, err
+    for path in (out, pathlib.Path(str(out) + ".manifest.json")):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o640, path

@@ -106,9 +106,12 @@ class _FixedGenerator:
 
 
 def test_generate_mode_summary_carries_the_manifest(suite, tmp_path, capsys, monkeypatch):
+    from alodlm_jax.data import BUILTINS
+
     monkeypatch.setattr(evaluate, "build_generator", lambda *args, **kwargs: _FixedGenerator())
     output = tmp_path / "generated"
-    status = evaluate.main(["alodlm-jax-evaluate", "--model", "unused", "--input", str(suite),
+    model = str(BUILTINS["builtin:tiny"])  # recorded in run.json; the generator is the fake one
+    status = evaluate.main(["alodlm-jax-evaluate", "--model", model, "--input", str(suite),
                             "--output", str(output), "--device", "cpu", "--workers", "1"])
     assert status == 0, capsys.readouterr().err
     protocol = json.loads((output / "summary.json").read_text())["protocol"]

@@ -192,13 +192,28 @@ class Factory:
         return FakeGenerator(decode, self.fail_after)
 
 
-def _runner(tmp_path, factory):
+def _settings_for(task_file, model=None, device=None):
+    """The run record settings the sweep command gives a point (with no --model and no --device:
+    when nothing is left to generate)."""
+    from alodlm_jax.cli.flags import generate_run_settings
+
+    def settings_for(point):
+        return generate_run_settings(
+            input_path=task_file, model=model, model_config=None, precision="fp32", device=device,
+            decode=point.decode_config(BASE), code_sandbox="on", code_verdicts="reference",
+            free={"decoder": "jax-xla-portable"})
+
+    return settings_for
+
+
+def _runner(tmp_path, factory, **settings):
     task_file = tmp_path / "tasks.jsonl"
     task_file.write_text("".join(json.dumps(t) + "\n" for t in TASKS))
     return EvaluationPointRunner(
         tasks=load_tasks(str(task_file)), input_sha256=sha256_file(str(task_file)),
         generators=factory, base=BASE, workers=1,
-        fixed_protocol=fixed_protocol_fields("portable", "fp32", "cpu")), str(task_file)
+        fixed_protocol=fixed_protocol_fields("portable", "fp32", "cpu"),
+        settings_for=_settings_for(str(task_file), **settings)), str(task_file)
 
 
 def test_evaluation_runner_writes_evaluate_outputs_and_resumes(tmp_path):
@@ -293,6 +308,40 @@ def test_cli_dry_run_and_complete_sweep_needs_no_model(tmp_path, capsys):
     captured = capsys.readouterr()
     assert captured.out.strip() == str(out / "report.html")
     assert "model loaded 0 time(s)" in captured.err
+
+
+@pytest.mark.parametrize("extra, flag, recorded, new", [
+    (["--precision", "bf16"], "--precision", "fp32", "bf16"),
+    (["--max-new-tokens", "16"], "--max_new_tokens", "32", "16"),
+    (["--code_verdicts", "strict"], "--code_verdicts", "reference", "strict"),
+    (["--device", "tpu"], "--device", "cpu", "tpu"),
+])
+def test_cli_rerun_with_other_settings_is_refused_before_any_work(tmp_path, capsys, extra, flag,
+                                                                 recorded, new):
+    """A rerun continues only the same run: a complete point (and a partial one) whose run
+    record binds another value is refused, one line, exit 2, every file as it was."""
+    from alodlm_jax.data import BUILTINS
+
+    model = str(BUILTINS["builtin:tiny"])
+    task_file = _task_file(tmp_path)
+    out = tmp_path / "out"
+    points = sweep.make_grid((0.3, 0.7), (0.4,), ("entropy",), BASE)
+    runner, _ = _runner(tmp_path, Factory(), model=model, device="cpu")
+    with runner:  # q0.3 complete
+        sweep.run_sweep(points[:1], out, runner, base=BASE, reports=False, log=io.StringIO())
+    with pytest.raises(KeyboardInterrupt):  # q0.7 partial: killed after one row
+        runner, _ = _runner(tmp_path, Factory(fail_after=1), model=model, device="cpu")
+        with runner:
+            sweep.run_sweep(points[1:], out, runner, base=BASE, reports=False, log=io.StringIO())
+    before = {path: path.read_bytes() for path in sorted(out.rglob("*")) if path.is_file()}
+    argv = ["alodlm-jax-sweep", "--input", task_file, "--output", str(out), "--q", "0.3,0.7",
+            "--max-new-tokens", "32", "--window-size", "8", "--model", model, "--device", "cpu",
+            "--engine", "portable"]
+    assert sweep_cli.main(argv + extra) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("alodlm-jax-sweep: error: cannot resume "), err
+    assert f"{flag} was {recorded} when the run started, now {new}" in err, err
+    assert {path: path.read_bytes() for path in sorted(out.rglob("*")) if path.is_file()} == before
 
 
 @pytest.mark.slow

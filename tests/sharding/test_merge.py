@@ -123,3 +123,54 @@ def test_fresh_directory_rules(tmp_path):
     assert state.predictions_path.endswith("predictions.process-00001-of-00002.jsonl")
     assert state.summary_path.endswith("summary.process-00001-of-00002.json")
     assert state.failures_path.endswith("scoring_failures.process-00001-of-00002.jsonl")
+
+
+def _settings(q=0.5, batch_size=1):
+    from alodlm_scoring.run_record import RunSettings
+
+    return RunSettings(bound={"--q": q, "--num_processes": 2, "--task_split": "round_robin"},
+                       free={"decoder": "jax-xla-compiled", "batch_size": batch_size})
+
+
+class Killed(Exception):
+    pass
+
+
+def _shard(out, tasks, pid, settings, *, resume=False, kill_after=None):
+    info = distributed.ProcessInfo(pid, 2)
+    state = distributed.prepare_shard_directory(out, info, resume=resume)
+    indices = distributed.split_tasks(len(tasks), 2, pid, "round_robin")
+
+    made = []
+
+    def rows(task):
+        if kill_after is not None and len(made) >= kill_after:
+            raise Killed
+        made.append(task)
+        return fake_generate(task)
+
+    distributed.evaluate_shard(tasks, indices, state, generate=rows,
+                               make_protocol=lambda f: make_protocol(f, 1.0), workers=1,
+                               settings=settings)
+
+
+def test_a_shard_resumes_only_the_same_run_and_the_merge_names_its_parts(tmp_path):
+    from alodlm_scoring.run_record import ResumeMismatch
+
+    tasks = make_tasks()
+    out = tmp_path / "multi"
+    with pytest.raises(Killed):
+        _shard(out, tasks, 0, _settings(), kill_after=2)
+    _shard(out, tasks, 1, _settings())
+    assert json.loads(read(out / f"run.{distributed.shard_suffix(0, 2)}.json"))["bound"]["--q"] == 0.5
+    before = {name: read(out / name) for name in sorted(os.listdir(out))}
+    for pid in (0, 1):  # the interrupted shard and the complete one
+        with pytest.raises(ResumeMismatch, match=r"--q was 0.5 when the run started, now 0.3"):
+            _shard(out, tasks, pid, _settings(q=0.3), resume=True)
+    assert {name: read(out / name) for name in sorted(os.listdir(out))} == before
+    _shard(out, tasks, 0, _settings(batch_size=4), resume=True)  # a free setting may differ
+    summary = distributed.merge_shards(out, tasks, 2, make_protocol=make_protocol)
+    common = {"decoder": "jax-xla-compiled"}
+    assert summary["protocol"]["parts"] == [
+        {"process": 0, "rows": [0, 2], **common, "batch_size": 1},
+        {"process": 0, "rows": [2, 7], **common, "batch_size": 4}]
