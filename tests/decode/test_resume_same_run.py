@@ -174,7 +174,9 @@ def test_the_same_command_resumes_with_the_protocol_of_one_run(finished, tmp_pat
 
 @pytest.mark.parametrize("extra, free", [
     (["--engine", "portable"], {"decoder": "jax-xla-portable", "batch_size": 1}),
-    (["--batch_size", "2", "--workers", "2"], {"decoder": "jax-xla-compiled", "batch_size": 2}),
+    pytest.param(["--batch_size", "2", "--workers", "2"],
+                 {"decoder": "jax-xla-compiled", "batch_size": 2},
+                 marks=pytest.mark.slow),  # compiles the batch programs
 ])
 def test_free_settings_may_differ_and_the_protocol_says_which_part_used_which(
         finished, tmp_path, capsys, extra, free):
