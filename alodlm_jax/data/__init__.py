@@ -9,6 +9,10 @@ Command-line tools accept these names wherever they take a path:
   eight metrics, then a slice of the eleven benchmarks prepared by ``alodlm-jax-prepare``
   (:mod:`alodlm_prepare.sample_slice`);
 * ``builtin:sample-predictions`` — ``sample_suite/predictions.jsonl``, predictions for it.
+
+``builtin:fixtures`` is not a path: ``alodlm-jax-prepare --source builtin:fixtures`` reads the
+benchmarks from the bundled fixture files (:mod:`alodlm_prepare.fixtures`); it passes through
+:func:`resolve_builtin` unchanged.
 """
 
 from __future__ import annotations
@@ -22,13 +26,16 @@ BUILTINS = {
     "builtin:sample-predictions": DATA_DIR / "sample_suite" / "predictions.jsonl",
 }
 
+# Bundled names that a command reads itself rather than as a path.
+COMMAND_NAMES = frozenset({"builtin:fixtures"})
+
 
 def resolve_builtin(value: str | None) -> str | None:
     """Maps a ``builtin:`` name to its bundled path; any other value is returned unchanged."""
-    if value is None or not value.startswith("builtin:"):
+    if value is None or not value.startswith("builtin:") or value in COMMAND_NAMES:
         return value
     try:
         return str(BUILTINS[value])
     except KeyError:
-        names = ", ".join(sorted(BUILTINS))
+        names = ", ".join(sorted([*BUILTINS, *COMMAND_NAMES]))
         raise ValueError(f"unknown bundled name {value!r}; choose one of: {names}") from None
