@@ -5,9 +5,9 @@ Command-line tools accept these names wherever they take a path:
 * ``builtin:tiny`` — ``tiny_checkpoint/``, a random 3-layer ALoDLM in the reference's file format
   (:data:`alodlm_jax.testing.tiny_checkpoint.DEMO_SPEC`; its outputs are random words, committed
   at several depths and several tokens per window);
-* ``builtin:sample`` — ``sample_suite/tasks.jsonl``, a small suite: hand-written rows with all
-  eight metrics, then a slice of the eleven benchmarks prepared by ``alodlm-jax-prepare``
-  (:mod:`alodlm_prepare.sample_slice`);
+* ``builtin:sample`` — ``sample_suite/tasks.jsonl``, a small suite: hand-written rows with the
+  edge cases of all eight metrics (benchmarks ``edge-cases/<metric>``), then a slice of the eleven
+  benchmarks prepared by ``alodlm-jax-prepare`` (:mod:`alodlm_prepare.sample_slice`);
 * ``builtin:sample-predictions`` — ``sample_suite/predictions.jsonl``, predictions for it.
 
 ``builtin:fixtures`` is not a path: ``alodlm-jax-prepare --source builtin:fixtures`` reads the

@@ -346,5 +346,11 @@ def test_sample_suite_demo(tmp_path, capsys):
         verdicts.setdefault(task["metric"], set()).add(row["correct"])
     assert all(seen == {True, False} for seen in verdicts.values()), verdicts
     summary = json.loads(out)
-    assert summary["benchmark_count"] == 21  # 10 hand-written benchmarks, the 11 of the prepared slice
+    # The prepared slice's eleven guide benchmarks, then the hand-written rows grouped by metric
+    # under names that say what they are (never a guide name, nor one that reads as a duplicate).
+    from alodlm_prepare.sample_slice import GUIDE_NAMES
+
+    names = list(summary["benchmarks"])
+    assert names[:11] == sorted(GUIDE_NAMES)
+    assert names[11:] == [f"edge-cases/{metric}" for metric in sorted(verdicts)]
     assert summary["protocol"]["scoring_failures"] == []
