@@ -283,3 +283,25 @@ def test_halting_figure_has_no_blank_band(tmp_path):
         run = 0 if (row < 0.9).any() else run + 1
         longest = max(longest, run)
     assert longest < 0.03 * pixels.shape[0], (longest, pixels.shape[0])
+
+
+def test_an_all_zero_suite_still_shows_a_row_per_benchmark(tmp_path):
+    """Score bars sit on a 0-100 track, so a suite where every answer is wrong draws a visible
+    (empty) track for each benchmark rather than an empty chart."""
+    import matplotlib.image
+
+    rng = random.Random(3)
+    rows = [outputs.prediction_row(generate_result(rng), {"benchmark": name, "id": str(i)},
+                                   False, None) for name in BENCHMARKS for i in range(2)]
+    protocol = outputs.protocol_block(
+        decoder="jax-xla-compiled", input_sha256="0" * 64, decode=DECODE, precision="fp32",
+        device="cpu", timing=outputs.GENERATE_TIMING, device_kind="cpu", compile_seconds=1.0)
+    summary = _write(tmp_path, rows, protocol)
+    assert summary["macro_score_percent"] == 0
+    build_run_report(tmp_path)
+    pixels = matplotlib.image.imread(tmp_path / "report_scores.png")[..., :3]
+    track = (abs(pixels - 240 / 255) < 0.01).all(axis=-1)
+    rows_with_track = track.sum(axis=1) > 0.3 * pixels.shape[1]  # rows crossed by a track
+    # one band of track pixels per benchmark, each several pixel rows tall
+    bands = int(rows_with_track[0]) + int((rows_with_track[1:] & ~rows_with_track[:-1]).sum())
+    assert bands == len(BENCHMARKS)
