@@ -207,7 +207,7 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
         # come back in task order as soon as they and every earlier row are complete, and
         # evaluate() writes and flushes each one.
         pending = [task["prompt"] for task in pending_tasks]
-        with compiling(progress, f"the batched decoding programs ({batch_size} slots)", cache_dir):
+        with compiling(progress, f"the batched decoding programs for {batch_size} slots", cache_dir):
             generator.warmup_batches([pending])
         yield from generator.generate_stream(pending)
 

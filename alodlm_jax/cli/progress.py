@@ -79,6 +79,13 @@ class Progress:
         if done >= total:
             self.close()
 
+    def exclude_pause(self) -> None:
+        """Leaves the time since the bar's last update out of its elapsed time and rate (a compile
+        step ran meanwhile), so that the time left is estimated from the tasks alone."""
+        if self._bar is not None:
+            self._bar.unpause()
+            self._bar.refresh()
+
     def close(self) -> None:
         """Ends the bar (its last state stays on the terminal)."""
         if self._bar is not None:
@@ -135,6 +142,7 @@ def compiling(progress: Progress, what: str, cache_dir: str | None) -> Iterator[
     start = time.monotonic()
     yield
     seconds = time.monotonic() - start
+    progress.exclude_pause()
     programs = _CompileCounter.programs - programs
     hits = _CompileCounter.cache_hits - hits
     if programs == 0:

@@ -142,3 +142,20 @@ def test_generate_mode_phases_on_a_terminal_and_quiet(tmp_path):
     status, out, err = _run_on_a_terminal(argv + ["--output", str(tmp_path / "b"), "--quiet"])
     assert status == 0 and err == "", err
     assert "time: " in out
+
+
+def test_a_compile_step_under_the_bar_is_left_out_of_its_clock(monkeypatch):
+    """The batched engine compiles after the bar appears; the bar's elapsed time (and so its
+    estimate of the time left) leaves the compile step out."""
+    from alodlm_jax.cli import progress as progress_module
+
+    stream = Terminal()
+    progress = Progress(PROG, stream)
+    progress(0, 4)
+    bar = progress._bar
+    monkeypatch.setattr(progress_module._CompileCounter, "register", classmethod(lambda cls: None))
+    before = bar.format_dict["elapsed"]
+    with compiling(progress, "nothing", None):
+        time.sleep(0.3)
+    assert bar.format_dict["elapsed"] - before < 0.2
+    progress(4, 4)
