@@ -77,7 +77,8 @@ def jax_device(device: str):
 
 def missing_device_message(device: str) -> str:
     """Why JAX sees no ``device`` here, and what to install: the base install's jaxlib is
-    CPU-only; a CUDA GPU needs JAX's CUDA plugin (the project's ``cuda`` extra)."""
+    CPU-only; a CUDA GPU needs JAX's CUDA plugin (the project's ``cuda`` extra), a TPU JAX's TPU
+    runtime, libtpu (the project's ``tpu`` extra)."""
     import importlib.util
 
     import jax
@@ -91,7 +92,12 @@ def missing_device_message(device: str) -> str:
         return (f"{message}: jax-cuda12-plugin is installed but found no usable GPU (check "
                 f"nvidia-smi, the driver version and CUDA_VISIBLE_DEVICES)")
     if device == "tpu":
-        return f"{message}: install JAX's TPU support with python -m pip install 'jax[tpu]=={jax.__version__}'"
+        if importlib.util.find_spec("libtpu") is None:
+            return (f"{message}: JAX's TPU runtime (libtpu) is not installed; install it with: "
+                    f"python -m pip install 'alodlm-jax[tpu]' (from a checkout: "
+                    f"python -m pip install -e '.[tpu]'), which pins jax[tpu]=={jax.__version__}")
+        return (f"{message}: libtpu is installed but found no usable TPU (check that this is a "
+                f"TPU VM and that no other process holds the TPU)")
     return message
 
 

@@ -1,7 +1,7 @@
 """The prepared slice of the bundled sample suite (``builtin:sample``) and its sample predictions.
 
 The bundled suite (``alodlm_jax/data/sample_suite``) holds hand-written rows that show each
-metric's edge cases, followed by this slice: the first :data:`SLICE_ROWS` rows of every benchmark
+metric's edge cases (benchmarks ``edge-cases/<metric>``), followed by this slice: the first :data:`SLICE_ROWS` rows of every benchmark
 of :mod:`alodlm_prepare.fixtures`, prepared by ``alodlm-jax-prepare`` with the bundled checkpoint's
 chat template. The slice's rows are the ones whose ``benchmark`` is a guide name (ARC-C, ...).
 

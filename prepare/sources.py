@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import os
 import pathlib
+import socket
 import sys
 from typing import Any, Sequence
 
 __all__ = ["Source", "SourceError", "open_source", "open_evalplus_release", "check_columns",
-           "local_format"]
+           "local_format", "hub_unreachable"]
 
 _FORMATS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv"}
 
@@ -113,8 +115,63 @@ def _datasets_reader(builder):
     return read
 
 
-def open_source(text: str, *, config: str | None = None, revision: str | None = None) -> Source:
-    """Open a hub dataset id or a local file or directory with the ``datasets`` library."""
+HUB_PROBE_SECONDS = 3.0
+
+
+def hub_unreachable(timeout: float | None = None) -> str | None:
+    """Why the Hugging Face Hub cannot be reached from here (one line), or None when it can, when
+    the libraries run offline (``HF_HUB_OFFLINE=1``, ``HF_DATASETS_OFFLINE=1``: they read their
+    caches) or when a proxy is configured (the proxy decides).
+
+    One TCP connection to the Hub's endpoint, name lookup included, bounded by ``timeout``
+    seconds (default :data:`HUB_PROBE_SECONDS`): asked without this, ``datasets`` retries each
+    request for half a minute.
+    """
+    timeout = HUB_PROBE_SECONDS if timeout is None else timeout
+    import threading
+    import urllib.parse
+
+    import datasets.config
+    from huggingface_hub import constants
+
+    if datasets.config.HF_HUB_OFFLINE or getattr(datasets.config, "HF_DATASETS_OFFLINE", False):
+        return None
+    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY",
+                                             "all_proxy", "HTTP_PROXY", "http_proxy")):
+        return None
+    url = urllib.parse.urlsplit(constants.ENDPOINT)
+    address = (url.hostname or "", url.port or (80 if url.scheme == "http" else 443))
+    outcome: list[str | None] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection(address, timeout=timeout).close()
+            outcome.append(None)
+        except OSError as error:
+            outcome.append(f"{type(error).__name__}: {error}")
+
+    thread = threading.Thread(target=probe, daemon=True)  # a name lookup ignores the timeout
+    thread.start()
+    thread.join(timeout)
+    if not outcome:
+        return f"no answer from {address[0]} within {timeout:g} s"
+    return outcome[0]
+
+
+def _offline_advice(benchmark: str | None) -> str:
+    name = benchmark or "BENCHMARK"
+    return (f"read the benchmark's own files with --source {name}=PATH (or the bundled sample "
+            f"rows with --source builtin:fixtures), or, with the dataset already in the Hugging "
+            f"Face cache, run with HF_HUB_OFFLINE=1")
+
+
+def open_source(text: str, *, config: str | None = None, revision: str | None = None,
+                benchmark: str | None = None) -> Source:
+    """Open a hub dataset id or a local file or directory with the ``datasets`` library.
+
+    A hub id while the Hub cannot be reached (:func:`hub_unreachable`) is a one-line
+    :class:`SourceError` that says what to do instead, before any request is made.
+    """
     import datasets
 
     datasets.disable_progress_bars()  # this command's own progress bar is the ground truth's
@@ -134,19 +191,30 @@ def open_source(text: str, *, config: str | None = None, revision: str | None = 
     else:
         if _is_explicit_path(text):
             raise SourceError(f"{text}: no such file or directory")
+        what = f"could not load the Hugging Face dataset {text!r}" + (
+            f" (config {config!r})" if config else "")
+        why = hub_unreachable()
+        if why is not None:
+            from huggingface_hub import constants
+
+            raise SourceError(f"{what}: the Hugging Face Hub ({constants.ENDPOINT}) cannot be "
+                              f"reached ({why}); {_offline_advice(benchmark)}")
         try:
             builder = datasets.load_dataset_builder(text, config, revision=revision)
             builder.download_and_prepare()
         except Exception as error:  # offline, not found, gated, unknown config: one line
-            raise SourceError(f"could not load the Hugging Face dataset {text!r}"
-                              f"{f' (config {config!r})' if config else ''}: "
-                              f"{type(error).__name__}: {' '.join(str(error).split())}") from None
+            advice = ""
+            if datasets.config.HF_HUB_OFFLINE:
+                advice = (f"; without a cached copy, read the benchmark's own files with --source "
+                          f"{benchmark or 'BENCHMARK'}=PATH (or --source builtin:fixtures)")
+            raise SourceError(f"{what}: {type(error).__name__}: "
+                              f"{' '.join(str(error).split())}{advice}") from None
         description = {"hub_id": text, "config": builder.config.name, "revision": builder.hash}
     splits = list(builder.info.splits or {})
     return Source(text, description, splits, _datasets_reader(builder))
 
 
-def open_evalplus_release(text: str | None, release: str) -> Source:
+def open_evalplus_release(text: str | None, release: str, benchmark: str | None = None) -> Source:
     """An EvalPlus release file (``release`` is ``HumanEvalPlus`` or ``MbppPlus``).
 
     ``text`` is a local ``.jsonl`` or ``.jsonl.gz`` path; ``None`` takes evalplus's own release
@@ -161,12 +229,16 @@ def open_evalplus_release(text: str | None, release: str) -> Source:
         else:
             from evalplus.data.mbpp import MBPP_PLUS_VERSION as version
             from evalplus.data.mbpp import _ready_mbpp_plus_path as ready
+        notice = io.StringIO()  # evalplus prints a download notice: shown once it succeeded
         try:
-            with contextlib.redirect_stdout(sys.stderr):  # evalplus prints its download notice
+            with contextlib.redirect_stdout(notice):
                 file = pathlib.Path(ready())
         except Exception as error:  # offline: one line
             raise SourceError(f"could not get the {release} {version} release file through "
-                              f"evalplus: {type(error).__name__}: {error}") from None
+                              f"evalplus: {type(error).__name__}: {error}; give a release file "
+                              f"with --source {benchmark or 'BENCHMARK'}=PATH (or the bundled "
+                              f"sample rows with --source builtin:fixtures)") from None
+        sys.stderr.write(notice.getvalue())
         name = f"evalplus:{release}-{version}"
     else:
         file = pathlib.Path(text).expanduser()

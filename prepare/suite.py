@@ -9,16 +9,19 @@ bug in this command (:class:`PrepareBug`), never the user's.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import sys
+import tempfile
 from typing import Any, Mapping, Sequence, TextIO
 
 from alodlm_scoring.groundtruth import GroundTruthError, Job, Measured, measure
 from alodlm_scoring.manifest import manifest_path
 from alodlm_scoring.tasks import load_tasks, sha256_file
 
+from . import fixtures
 from .benchmarks import Benchmark
 from alodlm_scoring.files import temporary_next_to
 from .groundtruth_cache import GroundTruthCache, job_key
@@ -28,7 +31,11 @@ from .manifest import build_manifest
 from .sources import Source, SourceError, check_columns, open_evalplus_release, open_source
 from .templates import ChatWrapper, Template, default_template
 
-__all__ = ["Options", "PrepareBug", "prepare_suite", "Prepared"]
+__all__ = ["FIXTURES", "Options", "PrepareBug", "prepare_suite", "Prepared"]
+
+# The --source value that reads a benchmark from the bundled fixture files (alodlm_prepare.fixtures:
+# a few hand-made rows in each source's real layout), for trying the command without a network.
+FIXTURES = "builtin:fixtures"
 
 
 class PrepareBug(RuntimeError):
@@ -92,16 +99,25 @@ def _check_options(options: Options) -> None:
                              "or revisions (--split, --config, --revision)")
 
 
-def _open(benchmark: Benchmark, options: Options) -> tuple[Source, str]:
+def _open(benchmark: Benchmark, options: Options,
+          fixtures_dir: str | None = None) -> tuple[Source, str]:
     name = benchmark.name
     given = options.sources.get(name)
+    if given == FIXTURES:  # the bundled fixture file of this benchmark, written for this run
+        source, split = _open(benchmark, dataclasses.replace(
+            options, sources={name: os.path.join(fixtures_dir, fixtures.SOURCE_FILES[name])}))
+        label = f"{FIXTURES}/{fixtures.SOURCE_FILES[name]}"  # not the temporary directory
+        source.name = label
+        source.description["path"] = label
+        return source, split
     if benchmark.release:
-        source = open_evalplus_release(given, benchmark.release)
+        source = open_evalplus_release(given, benchmark.release, name)
         return source, source.splits()[0]
     hub_id, hub_config, default_split = benchmark.hub
     text = given or hub_id
     config = options.configs.get(name, hub_config if text == hub_id else None)
-    source = open_source(text, config=config, revision=options.revisions.get(name))
+    source = open_source(text, config=config, revision=options.revisions.get(name),
+                         benchmark=name)
     return source, source.resolve_split(options.splits.get(name), default_split)
 
 
@@ -124,9 +140,9 @@ def _shots(benchmark: Benchmark, source: Source, split: str, count: int) -> list
         raise SourceError(f"{source.name}: {benchmark.name}: {error}") from None
 
 
-def _read(benchmark: Benchmark, options: Options) -> _Prepared:
+def _read(benchmark: Benchmark, options: Options, fixtures_dir: str | None = None) -> _Prepared:
     template = options.templates.get(benchmark.name) or default_template(benchmark.template)
-    source, split = _open(benchmark, options)
+    source, split = _open(benchmark, options, fixtures_dir)
     rows = source.rows(split)
     if not rows:
         raise SourceError(f"{source.name}: split {split!r} has no rows")
@@ -293,7 +309,12 @@ def prepare_suite(options: Options, *, stream: TextIO | None = None) -> Prepared
     stream = stream or sys.stderr
     _check_options(options)
     chat = ChatWrapper(options.model, thinking=options.thinking) if options.model else None
-    prepared = [_read(benchmark, options) for benchmark in options.benchmarks]
+    with contextlib.ExitStack() as stack:
+        fixtures_dir = None
+        if FIXTURES in options.sources.values():  # read while the written fixtures exist
+            fixtures_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="alodlm-fixtures-"))
+            fixtures.write_sources(fixtures_dir)
+        prepared = [_read(benchmark, options, fixtures_dir) for benchmark in options.benchmarks]
     results, cached = _ground_truth(prepared, options, stream)
     rows = [row for part in prepared for row in _rows(part, chat, results)]
     for part in prepared:

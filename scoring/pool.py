@@ -499,7 +499,7 @@ class ScoringPool:
                        "generated code runs without containment")
         elif missing:
             self._warn("the code sandbox runs without " + ", ".join(missing)
-                       + " (not allowed on this machine); see the README's sandbox section")
+                       + " (not allowed on this machine); see docs/scoring.md")
 
     def _score(self, record: Mapping[str, Any], generation: str) -> Outcome:
         worker = self._idle.get()

@@ -17,7 +17,7 @@
   ``find_zero`` the residual of the returned root is computed here too, against the task's own
   (unmodified) coefficients.
 
-Honest programs get the reference's verdicts under these rules; README.md ("Strict verdict
+Honest programs get the reference's verdicts under these rules; docs/scoring.md ("Strict verdict
 rules") lists where they differ and why (objects that cannot cross as plain data).
 """
 

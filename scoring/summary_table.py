@@ -1,5 +1,6 @@
 """The short table an evaluation ends with: per-benchmark scores, the macro score, tokens per
-second and where the files are (the whole record stays in ``summary.json``).
+second, the times (generation wall, compile, the command's elapsed time) and where the files are
+(the whole record stays in ``summary.json``).
 
 Printed by ``alodlm-jax-evaluate`` on stdout (on stderr when ``--print_summary_json`` puts the
 summary's JSON on stdout, as the reference prints it). Markdown pipes, as lm-eval prints its
@@ -14,8 +15,12 @@ from typing import Any, Mapping, Sequence
 COLUMNS = ("benchmark", "examples", "correct", "score %", "tokens/s")
 
 
-def summary_table(summary: Mapping[str, Any], files: Sequence[str] = ()) -> str:
-    """The table of a ``summary.json`` object, then the macro line, the suite line, a scoring
+def summary_table(summary: Mapping[str, Any], files: Sequence[str] = (),
+                  elapsed_seconds: float | None = None) -> str:
+    """The table of a ``summary.json`` object, then the macro line, the suite line (examples,
+    tokens per second and the generation wall time they are measured over: the sum of the tasks'
+    ``wall_seconds``, compile time excluded), a time line when ``elapsed_seconds`` (the command's
+    own run time) is given (with the protocol's ``compile_seconds`` when it has them), a scoring
     failures line when there are any, and one line per file in ``files`` (paths as given)."""
     rows = [COLUMNS]
     for name, values in summary["benchmarks"].items():
@@ -34,9 +39,18 @@ def summary_table(summary: Mapping[str, Any], files: Sequence[str] = ()) -> str:
     lines.append(f"macro score: {summary['macro_score_percent']:.2f} % "
                  f"(unweighted mean of {summary['benchmark_count']} benchmark(s))")
     examples = sum(values["examples"] for values in summary["benchmarks"].values())
-    lines.append(f"suite: {examples} example(s), {summary['suite_wall_seconds']:.3f} s wall, "
-                 f"{summary['suite_tokens_per_second']:.1f} tokens/s")
-    failures = (summary.get("protocol") or {}).get("scoring_failures") or []
+    protocol = summary.get("protocol") or {}
+    supplied = protocol.get("decoder") == "supplied-predictions"
+    whose = "the predictions'" if supplied else "the tasks'"
+    lines.append(f"suite: {examples} example(s), {summary['suite_tokens_per_second']:.1f} tokens/s "
+                 f"over a generation wall time of {summary['suite_wall_seconds']:.3f} s "
+                 f"({whose} wall_seconds summed)")
+    if elapsed_seconds is not None:
+        compile_seconds = protocol.get("compile_seconds")
+        compiled = ("" if compile_seconds is None
+                    else f", {float(compile_seconds):.1f} s of it compiling")
+        lines.append(f"time: {elapsed_seconds:.1f} s elapsed (the whole command){compiled}")
+    failures = protocol.get("scoring_failures") or []
     if failures:
         lines.append(f"{len(failures)} task(s) scored incorrect by a scoring failure "
                      "(protocol.scoring_failures)")

@@ -1,8 +1,8 @@
 """Benchmark peak host memory of loading a checkpoint and generating once, over the checkpoint size.
 
 Writes a synthetic checkpoint of ALoDLM-1.7B's widths (``scripts/bench_convert.py``'s: V 151936,
-H 2048, I 6144, 16/8/128 heads; as many layers as ``--size_gb`` asks for; float32 by default, as
-in the issue: a 2.03 B-parameter fp32 checkpoint peaked at 2.04x its size) plus the bundled tiny
+H 2048, I 6144, 16/8/128 heads; as many layers as ``--size_gb`` asks for; float32 by default)
+plus the bundled tiny
 checkpoint's word-level tokenizer and chat template, then measures, each in a fresh child process
 (peak RSS = the waited child's ``ru_maxrss``):
 

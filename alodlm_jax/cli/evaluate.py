@@ -4,7 +4,10 @@ score it, or rescore existing local predictions without loading a model (--predi
 Writes predictions.jsonl (one line per task, in task order) and summary.json (per-benchmark
 percent scores, their unweighted macro average, suite wall time and tokens per second, and a
 protocol block) into --output, and ends with a short table: per-benchmark scores, the macro score,
-tokens per second and the output files (--print_summary_json prints summary.json's JSON instead). Non-code metrics are scored in this process;
+tokens per second, the generation, compile and total times and the output files
+(--print_summary_json prints summary.json's JSON instead). On a terminal, stderr shows each phase
+as it starts (loading, tokenizing, compiling) and a task bar with the time left (--quiet: none).
+Non-code metrics are scored in this process;
 code metrics in a pool of fresh Python interpreters (--workers). Rescore mode never imports JAX.
 """
 
@@ -14,15 +17,16 @@ import json
 import os
 import sys
 import time
-from typing import Any, Mapping, Sequence, TextIO
+from typing import Any, Mapping, Sequence
 
 from absl import flags
 
 from alodlm_jax.cli.flags import (FREE_SETTINGS_HELP, apply_compilation_flags,
                                   code_scoring_from_flags, decode_config_from_flags,
-                                  define_code_scoring_flags, define_compilation_flags,
-                                  define_decode_flags, define_model_flags, generate_run_settings,
-                                  run_command)
+                                  default_compilation_cache_dir, define_code_scoring_flags,
+                                  define_compilation_flags, define_decode_flags,
+                                  define_model_flags, generate_run_settings, run_command)
+from alodlm_jax.cli.progress import Progress, compiling
 from alodlm_jax.config import DEFAULT_ENGINE, ENGINE_NAMES, ENGINES, DecodeConfig
 
 PROG = "alodlm-jax-evaluate"
@@ -75,6 +79,9 @@ flags.DEFINE_boolean("resume", False, "Continue an interrupted run in --output: 
                      f"to differ: {FREE_SETTINGS_HELP}.",
                      flag_values=FLAGS)
 define_compilation_flags(FLAGS)  # generate mode
+flags.DEFINE_boolean("quiet", False, "Print no progress on stderr: no phase lines (loading, "
+                     "tokenizing, compiling) and no task bar. They are shown only when stderr is a "
+                     "terminal.", flag_values=FLAGS)
 flags.DEFINE_integer("batch_size", 1, "Generate mode: N tasks decoded together by one compiled "
                      "program, a finished task's slot taking the next waiting task (continuous "
                      "batching; needs the compiled engine; with --mesh data=D a multiple of D, "
@@ -103,59 +110,6 @@ _process_info = None  # alodlm_jax.distributed.ProcessInfo of a multi-process ru
 
 class CommandError(RuntimeError):
     """A user-facing failure of this command (reported as one line, exit status 2)."""
-
-
-# --------------------------------------------------------------------------------------------
-# Progress reporting (stderr)
-# --------------------------------------------------------------------------------------------
-
-
-class ProgressReporter:
-    """A progress bar on a terminal; otherwise a log line every ~10 s or ~10 % of the tasks."""
-
-    def __init__(self, stream: TextIO | None = None, *, label: str = "scored",
-                 interval_seconds: float = 10.0) -> None:
-        self.stream = stream or sys.stderr
-        self.label = label
-        self.interval = interval_seconds
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self._start = time.monotonic()
-        self._first: int | None = None
-        self._last_time = 0.0
-        self._last_done = 0
-
-    def __call__(self, done: int, total: int) -> None:
-        now = time.monotonic()
-        if self._first is None:  # the clock starts with scoring, after loading and warmup
-            self._start = now
-            self._first = done
-            self._last_done = done
-            self._last_time = now
-            if done:
-                self._line(f"resuming after {done}/{total} rows")
-            return
-        elapsed = max(now - self._start, 1e-9)
-        rate = (done - self._first) / elapsed
-        finished = done >= total
-        if self.tty:
-            if finished or now - self._last_time >= 0.1:
-                width = 30
-                filled = int(width * done / max(total, 1))
-                bar = "#" * filled + "." * (width - filled)
-                self.stream.write(f"\r[{bar}] {done}/{total} {self.label} ({rate:.1f}/s)")
-                if finished:
-                    self.stream.write("\n")
-                self.stream.flush()
-                self._last_time = now
-            return
-        step = max(100, total // 10)
-        if finished or now - self._last_time >= self.interval or done - self._last_done >= step:
-            self._line(f"{done}/{total} {self.label} ({rate:.1f}/s, {elapsed:.1f} s)")
-            self._last_time, self._last_done = now, done
-
-    def _line(self, text: str) -> None:
-        self.stream.write(f"{PROG}: {text}\n")
-        self.stream.flush()
 
 
 # --------------------------------------------------------------------------------------------
@@ -240,6 +194,7 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
     input_sha256 = sha256_file(FLAGS.input)
     manifest = suite_manifest(FLAGS.input)
     require_model(FLAGS)
+    progress.phase(f"loading the model {FLAGS.model}")
     settings = _generate_settings(decode)
     if state.resume:  # the same run, or nothing: checked before the model is loaded
         run_record.check(state.record_path, settings, has_rows=state.has_rows)
@@ -250,9 +205,13 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
     mesh = sharding.MeshSpec.parse(FLAGS.mesh)
     from alodlm_jax.generate import check_task_prompts
 
+    progress.phase(f"tokenizing and checking {len(tasks)} prompt(s)")
     check_task_prompts(generator, tasks)  # D9: every prompt, before the first is decoded
+    cache_dir = ((FLAGS.compilation_cache_dir or str(default_compilation_cache_dir()))
+                 if FLAGS.compilation_cache else None)  # for the phase line only
     if batch_size == 1:
-        generator.warmup(tasks[0]["prompt"])
+        with compiling(progress, "the decoding programs of the first prompt's shape", cache_dir):
+            generator.warmup(tasks[0]["prompt"])
 
     def rows(start: int):
         for task in tasks[start:]:
@@ -264,7 +223,8 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
         # come back in task order as soon as they and every earlier row are complete, and
         # evaluate() writes and flushes each one.
         pending = [task["prompt"] for task in pending_tasks]
-        generator.warmup_batches([pending])
+        with compiling(progress, f"the batched decoding programs for {batch_size} slots", cache_dir):
+            generator.warmup_batches([pending])
         yield from generator.generate_stream(pending)
 
     def batched_rows(start: int):
@@ -337,6 +297,7 @@ def _code_scoring() -> dict:
 def _rescore_mode(tasks: Sequence[Mapping[str, Any]], state, progress) -> dict:
     from alodlm_scoring import evaluation
 
+    progress.phase(f"reading the predictions in {FLAGS.predictions}")
     predictions = evaluation.load_predictions(FLAGS.predictions, tasks)
     sandbox, verdicts = code_scoring_from_flags(FLAGS)
     return evaluation.evaluate(
@@ -359,6 +320,9 @@ def _evaluate() -> int:
     from alodlm_scoring.tasks import load_tasks
 
     global _process_info
+    progress = Progress(PROG, sys.stderr, quiet=FLAGS.quiet,
+                        label="rescored" if FLAGS.predictions else "evaluated")
+    progress.phase(f"checking the tasks in {FLAGS.input}")
     tasks = load_tasks(FLAGS.input)  # §6.2 step 1
     _process_info = None
     if FLAGS.predictions is None and (FLAGS.coordinator_address is not None
@@ -379,14 +343,17 @@ def _evaluate() -> int:
         raise ValueError("--workers must be at least 1")
     if FLAGS.batch_size < 1:
         raise ValueError("--batch_size must be at least 1")
-    progress = ProgressReporter(sys.stderr, label="rescored" if FLAGS.predictions else "evaluated")
-    if FLAGS.predictions is not None:  # step 4
-        summary = _rescore_mode(tasks, state, progress)
-    else:
-        summary = _generate_mode(tasks, state, decode, progress)
+    try:
+        if FLAGS.predictions is not None:  # step 4
+            summary = _rescore_mode(tasks, state, progress)
+        else:
+            summary = _generate_mode(tasks, state, decode, progress)
+    finally:
+        progress.close()
     from alodlm_scoring.summary_table import summary_table
 
-    table = summary_table(summary, _output_files(state))
+    table = summary_table(summary, _output_files(state),
+                          elapsed_seconds=time.monotonic() - _started)
     if FLAGS.print_summary_json:  # the reference's stdout: the summary's JSON
         sys.stderr.write(table)
         sys.stderr.flush()
@@ -407,8 +374,13 @@ def _output_files(state) -> list[str]:
     return [os.path.join(FLAGS.output, PREDICTIONS_FILE), os.path.join(FLAGS.output, SUMMARY_FILE)]
 
 
+_started = time.monotonic()  # when the command started (main), for the closing table's elapsed time
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command with ``argv`` (``sys.argv`` by default); returns the exit status."""
+    global _started
+    _started = time.monotonic()
     return run_command(
         _evaluate,
         prog=PROG,

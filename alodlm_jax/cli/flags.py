@@ -315,7 +315,7 @@ def apply_compilation_flags(flag_values: flags.FlagValues) -> str | None:
 # What --resume lets differ from the run it continues (they change no token or verdict).
 FREE_SETTINGS_HELP = ("--engine, --batch_size, --mesh (the protocol then lists which rows each "
                       "wrote, as protocol.parts), --workers, --math_in_workers, "
-                      "--overlap_scoring, the compilation cache flags, --print_summary_json")
+                      "--overlap_scoring, the compilation cache flags, --quiet, --print_summary_json")
 
 
 def generate_run_settings(*, input_path: str, model: str | None, model_config: str | None,

@@ -1,9 +1,10 @@
-"""Draw the figures of an evaluation run and write a self-contained report.html next to them.
+"""Draw the figures of an evaluation run and write report.html, one file with the figures embedded.
 
     alodlm-jax-report --output DIR [--report-dir DIR2] [--title TEXT]
 
 DIR is an evaluate output directory (summary.json, predictions.jsonl). The report goes into DIR
-(or --report-dir): report.html plus report_*.png figures — per-benchmark scores and tokens per
+(or --report-dir): report.html, which embeds its figures, and the same figures as report_*.png
+files — per-benchmark scores and tokens per
 second, the exit-depth histogram, the first-pass halting-probability histogram by benchmark,
 recurrent passes per window and tokens committed per window. Figures whose data the predictions
 lack (rescored predictions often carry only text, token counts and timing) are skipped and the page

@@ -47,7 +47,7 @@ bucket and the packed row count, which change only the length of fp32 reductions
 count of matrix products), each request's outputs equal decoding it alone (tests check tokens,
 exit depths and counters exactly, hazards to 1e-6, for several batch sizes and both modes).
 
-Performance: see the README's performance section (``scripts/bench_decode.py`` on this CPU,
+Performance: see docs/performance.md (``scripts/bench_decode.py`` on this CPU,
 :func:`step_analysis` for one step's cost on the released shapes, ``scripts/gpu_check.sh``).
 
 Timing (:data:`BATCH_TIMING`): the host times every program execution. An admit is charged to the

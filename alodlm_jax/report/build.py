@@ -1,4 +1,4 @@
-"""One evaluation directory in, ``report.html`` plus PNG figures out."""
+"""One evaluation directory in, ``report.html`` (figures embedded) plus the PNG figures out."""
 
 from __future__ import annotations
 
@@ -55,7 +55,8 @@ def build_run_report(directory: str | os.PathLike, report_dir: str | os.PathLike
     page = run_page(
         title=title or f"Evaluation report: {os.path.basename(os.path.abspath(directory))}",
         summary=summary, rows=stats.rows, figures=drawn,
-        skipped=[(spec.title, reason) for spec, reason in skipped], notes=notes)
+        skipped=[(spec.title, reason) for spec, reason in skipped], image_dir=report_dir,
+        notes=notes)
     html_path = os.path.join(report_dir, REPORT_FILE)
     _write_text(html_path, page)
     return RunReport(html_path, tuple(paths), tuple((s.key, r) for s, r in skipped), stats)

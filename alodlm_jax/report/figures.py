@@ -23,7 +23,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from .stats import HALT_BINS, RunStats  # noqa: E402
 
-__all__ = ["FigureSpec", "RUN_FIGURES", "benchmark_colors", "save_figure"]
+__all__ = ["FigureSpec", "RUN_FIGURES", "benchmark_colors", "label_points", "save_figure"]
 
 Summary = Mapping[str, Any]
 DPI = 110
@@ -52,27 +52,93 @@ def save_figure(figure, path: str) -> None:
     plt.close(figure)
 
 
+# Where a point's label may go, in points from the marker (tried in order): right-above,
+# right-below, left-above, left-below, then further out.
+_LABEL_OFFSETS = ((5, 4), (5, -11), (-5, 4), (-5, -11), (5, 13), (5, -20), (-5, 13), (-5, -20),
+                  (5, 22), (5, -29))
+
+
+def label_points(axes, points: Sequence[tuple[float, float, str, Any]], fontsize: float = 7) -> None:
+    """Label data points ``(x, y, text, color)`` so that no two labels overlap where room allows.
+
+    Points that fall on the same spot (within 2 pixels) share one label (their texts joined, in
+    black when their colours differ); each label takes the first offset around its point whose box
+    overlaps no earlier label and stays inside the axes. Call after the axes' limits are final.
+    """
+    figure = axes.figure
+    renderer = figure.canvas.get_renderer()
+    to_pixels = axes.transData.transform
+    groups: list[tuple[Any, list[str], list[Any]]] = []  # (pixel position, texts, colors)
+    for x, y, text, color in points:
+        where = to_pixels((x, y))
+        for position, texts, colors in groups:
+            if abs(position[0] - where[0]) <= 2 and abs(position[1] - where[1]) <= 2:
+                if text not in texts:
+                    texts.append(text)
+                colors.append(color)
+                break
+        else:
+            groups.append((where, [text], [color]))
+    frame = axes.get_window_extent(renderer)
+    placed = []
+    for position, texts, colors in groups:
+        x, y = axes.transData.inverted().transform(position)
+        color = colors[0] if all(c == colors[0] for c in colors) else "black"
+        label = None
+        for dx, dy in _LABEL_OFFSETS:
+            if label is not None:
+                label.remove()
+            label = axes.annotate(", ".join(texts), (x, y), textcoords="offset points",
+                                  xytext=(dx, dy), fontsize=fontsize, color=color,
+                                  ha="left" if dx > 0 else "right")
+            box = label.get_window_extent(renderer)
+            inside = (box.x0 >= frame.x0 and box.x1 <= frame.x1 and box.y0 >= frame.y0
+                      and box.y1 <= frame.y1)
+            if inside and not any(box.overlaps(other) for other in placed):
+                break
+        else:  # no free place: the first one
+            label.remove()
+            dx, dy = _LABEL_OFFSETS[0]
+            label = axes.annotate(", ".join(texts), (x, y), textcoords="offset points",
+                                  xytext=(dx, dy), fontsize=fontsize, color=color)
+        placed.append(label.get_window_extent(renderer))
+
+
 def _bar_height(count: int) -> float:
     return max(2.4, 0.38 * count + 1.2)
 
 
 def _horizontal_bars(summary: Summary, key: str, xlabel: str, suite_value: float,
-                     suite_label: str, fmt: str, path: str, xmax: float | None = None) -> None:
+                     suite_label: str, fmt: str, path: str, xmax: float | None = None,
+                     track: float | None = None) -> None:
+    """One bar per benchmark with its value beside it, and the suite's value as a dashed line
+    labelled at its top. ``track``: the scale's end (100 for percentages), drawn as a light band
+    behind every bar so that a zero reads as an empty band rather than as nothing."""
     names = list(summary["benchmarks"])
     values = [float(summary["benchmarks"][n][key]) for n in names]
     colors = benchmark_colors(names)
-    figure, axes = plt.subplots(figsize=(7.5, _bar_height(len(names))))
+    figure, axes = plt.subplots(figsize=(7.5, _bar_height(len(names)) + 0.3))
     positions = np.arange(len(names))
-    axes.barh(positions, values, color=[colors[n] for n in names])
+    if track is not None:
+        axes.barh(positions, [track] * len(names), color="#f0f0f0", zorder=0)
+    axes.barh(positions, values, color=[colors[n] for n in names], zorder=2)
+    zero = [y for y, value in zip(positions, values) if value == 0]
+    if zero:  # a zero-length bar is invisible: mark where it starts
+        axes.scatter([0] * len(zero), zero, marker="|", s=120, color="#555555", zorder=3,
+                     clip_on=False)
     axes.set_yticks(positions, names)
     axes.invert_yaxis()
     top = max(values + [suite_value, 1e-9])
     limit = xmax if xmax is not None else top * 1.18
-    axes.axvline(suite_value, color="black", linestyle="--", linewidth=1, zorder=1)
+    axes.axvline(suite_value, color="black", linestyle="--", linewidth=1, zorder=4)
+    axes.annotate(f"{suite_label} {format(suite_value, fmt)}", (suite_value, 1.0),
+                  xycoords=("data", "axes fraction"), xytext=(0, 3), textcoords="offset points",
+                  ha="left" if suite_value < 0.8 * limit else "right", va="bottom", fontsize=8)
     for y, value in zip(positions, values):
-        axes.text(value + limit * 0.01, y, format(value, fmt), va="center", fontsize=8, zorder=3,
-                  bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})
-    axes.set_title(f"dashed line: {suite_label} {format(suite_value, fmt)}", fontsize=9)
+        axes.text(value + limit * 0.012, y, format(value, fmt), va="center", fontsize=8, zorder=5,
+                  bbox={"facecolor": "white", "edgecolor": "none", "alpha": 1.0, "pad": 1})
+    if not any(values):
+        axes.set_title("every benchmark is at 0", fontsize=9, pad=16)
     axes.set_xlim(0, limit)
     axes.set_xlabel(xlabel)
     axes.grid(axis="x", alpha=0.3)
@@ -82,7 +148,7 @@ def _horizontal_bars(summary: Summary, key: str, xlabel: str, suite_value: float
 
 def _draw_scores(summary: Summary, stats: RunStats, path: str) -> None:
     _horizontal_bars(summary, "score_percent", "score (%)", float(summary["macro_score_percent"]),
-                     "macro", ".1f", path, xmax=112.0)
+                     "macro", ".1f", path, xmax=112.0, track=100.0)
 
 
 def _draw_tokens_per_second(summary: Summary, stats: RunStats, path: str) -> None:
@@ -143,8 +209,10 @@ def _draw_halts(summary: Summary, stats: RunStats, path: str) -> None:
     count = len(histograms)
     columns = min(3, count)
     rows = math.ceil(count / columns)
+    # Constrained layout sizes the margins to the labels (a fixed fraction of a tall figure left
+    # a blank band under the panels).
     figure, grid = plt.subplots(rows, columns, figsize=(3.0 * columns + 1.0, 2.2 * rows + 0.6),
-                                sharex=True, squeeze=False)
+                                sharex=True, squeeze=False, layout="constrained")
     widths = np.diff(HALT_BINS)
     for index, (benchmark, counts) in enumerate(histograms.items()):
         axes = grid[index // columns][index % columns]
@@ -158,11 +226,9 @@ def _draw_halts(summary: Summary, stats: RunStats, path: str) -> None:
         axes.set_axisbelow(True)
     for index in range(count, rows * columns):
         grid[index // columns][index % columns].set_visible(False)
-    # Below and left of the panels (bbox_inches="tight" grows the canvas to fit them).
-    figure.supxlabel("first-pass halting probability of the committing window", fontsize=9,
-                     y=0.0, va="top")
-    figure.supylabel("fraction of tokens", fontsize=9, x=0.06, ha="right")
-    figure.subplots_adjust(hspace=0.45, wspace=0.25)
+    figure.supxlabel("first-pass halting probability of the committing window", fontsize=9)
+    figure.supylabel("fraction of tokens", fontsize=9)
+    figure.get_layout_engine().set(h_pad=0.06, w_pad=0.06)
     save_figure(figure, path)
 
 

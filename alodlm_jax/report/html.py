@@ -1,14 +1,17 @@
 """Self-contained HTML pages for one run and for a sweep.
 
-Figures are referenced as PNG files next to the page (relative ``src``), so the directory can be
-copied or served as is; there is no script, no external stylesheet and no network access. Every
-string that comes from the data is escaped.
+A page is one file: its figures are embedded as base64 PNG data (each ``<img>`` also names its
+PNG file, written next to the page, in ``data-file``), so ``report.html`` alone can be mailed,
+copied or opened anywhere; there is no script, no external stylesheet and no network access.
+Every string that comes from the data is escaped.
 """
 
 from __future__ import annotations
 
+import base64
 import html
 import json
+import os
 from typing import Any, Mapping, Sequence
 
 __all__ = ["run_page", "sweep_page", "format_number"]
@@ -54,10 +57,13 @@ def _page(title: str, body: Sequence[str]) -> str:
             + "\n".join(body) + "\n</body>\n</html>\n")
 
 
-def _figure(filename: str, title: str, caption: str) -> str:
+def _figure(filename: str, title: str, caption: str, image_dir: str) -> str:
+    """A figure whose PNG (``image_dir``/``filename``) is embedded in the page as data."""
+    with open(os.path.join(image_dir, filename), "rb") as handle:
+        data = base64.b64encode(handle.read()).decode("ascii")
     return (f"<figure id=\"{_e(filename)}\"><h3>{_e(title)}</h3>"
-            f"<img src=\"{_e(filename)}\" alt=\"{_e(title)}\">"
-            f"<figcaption>{_e(caption)}</figcaption></figure>")
+            f"<img src=\"data:image/png;base64,{data}\" data-file=\"{_e(filename)}\" "
+            f"alt=\"{_e(title)}\"><figcaption>{_e(caption)}</figcaption></figure>")
 
 
 def _skipped(skipped: Sequence[tuple[str, str]]) -> list[str]:
@@ -111,11 +117,11 @@ def _protocol(summary: Mapping[str, Any]) -> list[str]:
 
 def run_page(*, title: str, summary: Mapping[str, Any], rows: int,
              figures: Sequence[tuple[str, str, str]], skipped: Sequence[tuple[str, str]],
-             notes: Sequence[str] = ()) -> str:
+             image_dir: str, notes: Sequence[str] = ()) -> str:
     """The report of one evaluation run.
 
-    ``figures`` are ``(filename, title, caption)`` of drawn PNGs; ``skipped`` are ``(title,
-    reason)``; ``notes`` are extra plain-text remarks shown at the top.
+    ``figures`` are ``(filename, title, caption)`` of drawn PNGs in ``image_dir`` (embedded);
+    ``skipped`` are ``(title, reason)``; ``notes`` are extra plain-text remarks shown at the top.
     """
     protocol = summary.get("protocol") or {}
     decoder = protocol.get("decoder", "unknown decoder")
@@ -128,14 +134,16 @@ def run_page(*, title: str, summary: Mapping[str, Any], rows: int,
     body += [f"<p class=\"note\">{_e(note)}</p>" for note in notes]
     body += ["<h2>Summary</h2>", _summary_table(summary), "<h2>Figures</h2>"]
     body += _skipped(skipped)
-    body += [_figure(*figure) for figure in figures]
+    body += [_figure(*figure, image_dir) for figure in figures]
     body += _protocol(summary)
     return _page(title, body)
 
 
 def sweep_page(*, title: str, subtitle: str, points: Sequence[Mapping[str, Any]],
-               figures: Sequence[tuple[str, str, str]], skipped: Sequence[tuple[str, str]]) -> str:
-    """The sweep's index page: frontier figures and one linked row per grid point.
+               figures: Sequence[tuple[str, str, str]], skipped: Sequence[tuple[str, str]],
+               image_dir: str) -> str:
+    """The sweep's index page: frontier figures (PNGs in ``image_dir``, embedded) and one row per
+    grid point, linked to the point's own report.
 
     Each point mapping has ``name``, ``q``, ``tau``, ``mode``, ``status``, ``report`` (relative
     link or ``None``) and the metrics ``macro_score_percent``, ``suite_tokens_per_second``,
@@ -160,5 +168,5 @@ def sweep_page(*, title: str, subtitle: str, points: Sequence[Mapping[str, Any]]
             "<h2>Grid points</h2>", f"<table>{head}{''.join(rows)}</table>",
             "<h2>Quality-speed frontiers</h2>"]
     body += _skipped(skipped)
-    body += [_figure(*figure) for figure in figures]
+    body += [_figure(*figure, image_dir) for figure in figures]
     return _page(title, body)

@@ -344,7 +344,7 @@ def pareto_front(xy: Sequence[tuple[float, float]], *, larger_x_better: bool) ->
 
 def _draw_frontier(records: Sequence[Mapping[str, Any]], key: str, xlabel: str,
                    larger_x_better: bool, path: str) -> None:
-    from .figures import plt, save_figure
+    from .figures import label_points, plt, save_figure
 
     usable = [r for r in records if r.get(key) is not None and r.get("macro_score_percent") is not None]
     figure, axes = plt.subplots(figsize=(7.5, 5.0))
@@ -353,15 +353,15 @@ def _draw_frontier(records: Sequence[Mapping[str, Any]], key: str, xlabel: str,
         series.setdefault((record["mode"], record["tau"]), []).append(record)
     markers = {"entropy": "o", "left1": "s"}
     colors = plt.get_cmap("tab10").colors
+    labels = []
     for index, ((mode, tau), members) in enumerate(sorted(series.items())):
         members = sorted(members, key=lambda r: r["q"])
         xs = [float(r[key]) for r in members]
         ys = [float(r["macro_score_percent"]) for r in members]
-        axes.plot(xs, ys, marker=markers.get(mode, "^"), color=colors[index % len(colors)],
+        color = colors[index % len(colors)]
+        axes.plot(xs, ys, marker=markers.get(mode, "^"), color=color,
                   linewidth=1.2, markersize=6, label=f"{mode}, tau={tau:g}")
-        for record, x, y in zip(members, xs, ys):
-            axes.annotate(f"q={record['q']:g}", (x, y), textcoords="offset points",
-                          xytext=(4, 4), fontsize=7)
+        labels += [(x, y, f"q={record['q']:g}", color) for record, x, y in zip(members, xs, ys)]
     front = pareto_front([(float(r[key]), float(r["macro_score_percent"])) for r in usable],
                          larger_x_better=larger_x_better)
     if len(front) > 1:
@@ -375,8 +375,11 @@ def _draw_frontier(records: Sequence[Mapping[str, Any]], key: str, xlabel: str,
         low, high = max(0.0, high - 10.0), max(high, 10.0)
     pad = 0.04 * (high - low)  # keep markers on the limits whole
     axes.set_ylim(low - pad, high + pad)
+    axes.margins(x=0.12)  # room for the labels of the outermost points
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8, loc="best")
+    axes.autoscale_view()
+    label_points(axes, labels)
     save_figure(figure, path)
 
 
@@ -408,7 +411,7 @@ def write_sweep_outputs(root: str, points: Sequence[SweepPoint], done: Sequence[
     subtitle_parts.append(", ".join(f"{k}={v}" for k, v in document["fixed_decode"].items()))
     page = sweep_page(title=f"Sweep: {os.path.basename(os.path.abspath(root))}",
                       subtitle="; ".join(subtitle_parts), points=records, figures=drawn,
-                      skipped=skipped)
+                      skipped=skipped, image_dir=root)
     html_path = os.path.join(root, REPORT_FILE)
     with open(html_path + ".tmp", "w", encoding="utf-8", newline="\n") as handle:
         handle.write(page)

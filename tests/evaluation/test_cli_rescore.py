@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -36,6 +37,15 @@ def _run(argv, capsys):
     return status, captured.out, captured.err
 
 
+def _elapsed(table: str) -> float:
+    """The elapsed seconds of a closing table's time line (exactly one)."""
+    lines = [line for line in table.splitlines() if line.startswith("time: ")]
+    assert len(lines) == 1, table
+    match = re.fullmatch(r"time: (\d+\.\d) s elapsed \(the whole command\)", lines[0])
+    assert match, lines[0]  # rescoring compiles nothing: no compile time
+    return float(match.group(1))
+
+
 def test_user_guide_command_verbatim_console_script(tmp_path):
     """The guide's rescoring command, with the project's program name, as a real process."""
     tasks_path, predictions_path = _small_suite(tmp_path)
@@ -49,9 +59,12 @@ def test_user_guide_command_verbatim_console_script(tmp_path):
     out = tmp_path / "outputs" / "rescored"
     summary_text = (out / "summary.json").read_text()
     summary = json.loads(summary_text)
-    # It ends with the short table, naming the files as the command was given them.
+    # It ends with the short table, naming the files as the command was given them, with the
+    # command's own elapsed time.
+    elapsed = _elapsed(completed.stdout)
     assert completed.stdout == summary_table(summary, ["outputs/rescored/predictions.jsonl",
-                                                       "outputs/rescored/summary.json"])
+                                                       "outputs/rescored/summary.json"],
+                                             elapsed_seconds=elapsed)
     assert summary["benchmark_count"] == 4
     protocol = summary["protocol"]
     assert protocol["decode"] is None and protocol["device"] is None
@@ -82,15 +95,19 @@ def test_the_closing_table_and_the_summary_json_flag(tmp_path, capsys):
             f"{values['tokens_per_second']:.1f}"]
     assert f"macro score: {summary['macro_score_percent']:.2f} %" in table
     assert f"{summary['suite_tokens_per_second']:.1f} tokens/s" in table
+    assert (f"over a generation wall time of {summary['suite_wall_seconds']:.3f} s "
+            "(the predictions' wall_seconds summed)") in table
+    _elapsed(table)
     assert lines[-2:] == [f"predictions.jsonl  {output / 'predictions.jsonl'}",
                           f"summary.json       {output / 'summary.json'}"]
     # --print_summary_json: stdout is the file's JSON (the reference's output), the table stderr.
     assert evaluate.main([*argv, str(tmp_path / "again"), "--print_summary_json"]) == 0
     captured = capsys.readouterr()
     again = (tmp_path / "again" / "summary.json").read_text()
-    assert captured.out == again and captured.err.endswith(
-        summary_table(json.loads(again), [str(tmp_path / "again" / name)
-                                          for name in ("predictions.jsonl", "summary.json")]))
+    assert captured.out == again and captured.err == summary_table(
+        json.loads(again), [str(tmp_path / "again" / name)
+                            for name in ("predictions.jsonl", "summary.json")],
+        elapsed_seconds=_elapsed(captured.err))
 
 
 @pytest.mark.parametrize("spelling", ["dash", "underscore"])
@@ -346,5 +363,11 @@ def test_sample_suite_demo(tmp_path, capsys):
         verdicts.setdefault(task["metric"], set()).add(row["correct"])
     assert all(seen == {True, False} for seen in verdicts.values()), verdicts
     summary = json.loads(out)
-    assert summary["benchmark_count"] == 21  # 10 hand-written benchmarks, the 11 of the prepared slice
+    # The prepared slice's eleven guide benchmarks, then the hand-written rows grouped by metric
+    # under names that say what they are (never a guide name, nor one that reads as a duplicate).
+    from alodlm_prepare.sample_slice import GUIDE_NAMES
+
+    names = list(summary["benchmarks"])
+    assert names[:11] == sorted(GUIDE_NAMES)
+    assert names[11:] == [f"edge-cases/{metric}" for metric in sorted(verdicts)]
     assert summary["protocol"]["scoring_failures"] == []

@@ -6,6 +6,7 @@ so they are byte-for-byte what the evaluate command writes (SCORING.md §7).
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import os
@@ -98,8 +99,21 @@ def write_rescore_run(directory, *, seed: int = 1) -> dict:
     return _write(directory, rows, protocol)
 
 
+def embedded_images(html_text: str) -> dict[str, bytes]:
+    """The page's images by the PNG file each names (``data-file``): every ``<img>`` must carry
+    its PNG as base64 data, so the page needs no file beside it."""
+    images = {}
+    for tag in re.findall(r"<img [^>]*>", html_text):
+        source = re.search(r'src="([^"]*)"', tag).group(1)
+        assert source.startswith("data:image/png;base64,"), source[:80]
+        data = base64.b64decode(source.removeprefix("data:image/png;base64,"), validate=True)
+        assert data[:8] == PNG_SIGNATURE
+        images[re.search(r'data-file="([^"]*)"', tag).group(1)] = data
+    return images
+
+
 def referenced_images(html_text: str) -> set[str]:
-    return set(re.findall(r'<img src="([^"]+)"', html_text))
+    return set(embedded_images(html_text))
 
 
 def assert_png(path: str, min_bytes: int = 5_000) -> None:
@@ -144,6 +158,24 @@ def test_rescore_mode_report_skips_decoder_figures_and_says_so(tmp_path):
     assert "Figures not drawn because their data is absent" in page
     assert "exit_depths" in page and "Rescored predictions" in page
     assert "1 task(s) were scored incorrect" in page
+
+
+def test_the_page_alone_holds_its_figures(tmp_path):
+    """report.html is one file: each figure is embedded with the bytes of the PNG written beside
+    it, and nothing on the page points at another file."""
+    write_generate_run(tmp_path / "run")
+    result = build_run_report(tmp_path / "run")
+    page = (tmp_path / "run" / "report.html").read_text(encoding="utf-8")
+    images = embedded_images(page)
+    assert set(images) == {spec.filename for spec in figures.RUN_FIGURES}
+    for name, data in images.items():
+        assert data == (tmp_path / "run" / name).read_bytes()
+    assert not re.search(r'(?:src|href)="(?!data:)', page)
+    alone = tmp_path / "mailed" / "report.html"  # copied without the folder
+    alone.parent.mkdir()
+    alone.write_text(page, encoding="utf-8")
+    assert embedded_images(alone.read_text(encoding="utf-8")) == images
+    assert len(result.figure_paths) == len(images)
 
 
 def test_report_into_a_separate_directory(tmp_path):
@@ -215,3 +247,61 @@ def test_cli_bad_prediction_row_names_line_and_field(tmp_path, capsys):
 def test_cli_requires_output(capsys):
     assert report_cli.main(["alodlm-jax-report"]) == 2
     assert "--output" in capsys.readouterr().err
+
+
+def test_point_labels_do_not_overlap_where_there_is_room():
+    """Sweep labels of nearby points are moved apart; points on one spot share one label."""
+    from alodlm_jax.report.figures import label_points, plt
+
+    figure, axes = plt.subplots(figsize=(7.5, 5.0))
+    points = [(100.0, 10.0, "q=0.3", "C0"), (100.02, 10.05, "q=0.5", "C0"),
+              (100.04, 10.0, "q=0.3", "C1"), (100.5, 0.0, "q=0.3", "C2"),
+              (100.5, 0.0, "q=0.5", "C3")]
+    axes.plot([p[0] for p in points], [p[1] for p in points], "o")
+    axes.set_xlim(99.5, 101.0)
+    axes.set_ylim(-1, 16)
+    label_points(axes, points)
+    renderer = figure.canvas.get_renderer()
+    labels = [text for text in axes.texts]
+    assert sorted(text.get_text() for text in labels) == ["q=0.3", "q=0.3", "q=0.3, q=0.5", "q=0.5"]
+    boxes = [text.get_window_extent(renderer) for text in labels]
+    for i, box in enumerate(boxes):
+        assert not any(box.overlaps(other) for other in boxes[i + 1:])
+    plt.close(figure)
+
+
+def test_halting_figure_has_no_blank_band(tmp_path):
+    """No band of empty canvas anywhere (the panels used to end a tenth of the figure above their
+    axis label): the longest run of blank pixel rows is under 3 % of the height."""
+    import matplotlib.image
+
+    write_generate_run(tmp_path, benchmarks=BENCHMARKS + ("mbpp", "math500", "gpqa"))
+    build_run_report(tmp_path)
+    pixels = matplotlib.image.imread(tmp_path / "report_first_pass_halt.png")[..., :3]
+    longest = run = 0
+    for row in pixels:
+        run = 0 if (row < 0.9).any() else run + 1
+        longest = max(longest, run)
+    assert longest < 0.03 * pixels.shape[0], (longest, pixels.shape[0])
+
+
+def test_an_all_zero_suite_still_shows_a_row_per_benchmark(tmp_path):
+    """Score bars sit on a 0-100 track, so a suite where every answer is wrong draws a visible
+    (empty) track for each benchmark rather than an empty chart."""
+    import matplotlib.image
+
+    rng = random.Random(3)
+    rows = [outputs.prediction_row(generate_result(rng), {"benchmark": name, "id": str(i)},
+                                   False, None) for name in BENCHMARKS for i in range(2)]
+    protocol = outputs.protocol_block(
+        decoder="jax-xla-compiled", input_sha256="0" * 64, decode=DECODE, precision="fp32",
+        device="cpu", timing=outputs.GENERATE_TIMING, device_kind="cpu", compile_seconds=1.0)
+    summary = _write(tmp_path, rows, protocol)
+    assert summary["macro_score_percent"] == 0
+    build_run_report(tmp_path)
+    pixels = matplotlib.image.imread(tmp_path / "report_scores.png")[..., :3]
+    track = (abs(pixels - 240 / 255) < 0.01).all(axis=-1)
+    rows_with_track = track.sum(axis=1) > 0.3 * pixels.shape[1]  # rows crossed by a track
+    # one band of track pixels per benchmark, each several pixel rows tall
+    bands = int(rows_with_track[0]) + int((rows_with_track[1:] & ~rows_with_track[:-1]).sum())
+    assert bands == len(BENCHMARKS)

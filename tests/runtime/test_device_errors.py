@@ -45,3 +45,29 @@ def test_generate_command_fails_with_one_line_and_status_2():
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in run.stderr
     assert "jax-cuda12-plugin" in lines[0] and "[cuda]" in lines[0]
+
+
+def test_missing_tpu_runtime_names_the_extra(monkeypatch):
+    import jax
+
+    from alodlm_jax import generate
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "libtpu" else find_spec(name, *a))
+    monkeypatch.setattr(jax, "devices", lambda *a: [])
+    with pytest.raises(ValueError) as error:
+        generate.jax_device("tpu")
+    message = str(error.value)
+    assert message.startswith("JAX has no tpu device on this machine: JAX's TPU runtime (libtpu)")
+    assert "pip install -e '.[tpu]'" in message and f"jax[tpu]=={jax.__version__}" in message
+
+
+def test_tpu_extra_pins_the_projects_jax():
+    import pathlib
+    import tomllib
+
+    project = tomllib.loads((pathlib.Path(__file__).parents[2] / "pyproject.toml").read_text())
+    jax_pin = next(d for d in project["project"]["dependencies"] if d.startswith("jax=="))
+    assert project["project"]["optional-dependencies"]["tpu"] == [
+        "jax[tpu]==" + jax_pin.removeprefix("jax==")]

@@ -153,7 +153,7 @@ def test_what_crosses_between_program_and_tests(program, tests, correct, code_sc
     assert code_score(record, f"{FENCE}python\n{program}{FENCE}") == (correct, None)
 
 
-# Where the strict rules decide otherwise by design (README, "Strict verdict rules").
+# Where the strict rules decide otherwise by design (docs/scoring.md, "Strict verdict rules").
 STRICT_DIFFERENCES = [
     ("argument_changed_in_place", "def grow(items):\n    items.append(1)\n",
      "items = []\ngrow(items)\nassert items == [1]"),
