@@ -309,3 +309,33 @@ def apply_compilation_flags(flag_values: flags.FlagValues) -> str | None:
     if not flag_values.compilation_cache:
         return None
     return flag_values.compilation_cache_dir or str(default_compilation_cache_dir())
+
+
+def generator_from_flags(flag_values: flags.FlagValues, decode, *, several_processes: bool = False):
+    """The generator that the model flags ask for (``--model``, ``--model_config``, ``--device``,
+    ``--precision``, ``--engine``, ``--batch_size``, ``--mesh``, the compilation flags) with the
+    decoding configuration ``decode``; returns ``(generator, engine name, device)``. Imports JAX.
+
+    One definition for the evaluate command's generate mode and for other front ends that take
+    these flags' values (``alodlm_jax.harness``: lm-eval's ``model_args``). A ``--mesh``, or
+    several processes, decodes on this process's local devices
+    (:func:`alodlm_jax.generate.build_generator`'s ``mesh``).
+    """
+    fv = flag_values
+    if not fv.model:
+        raise ValueError("--model is required for generation")
+    engine = fv.engine  # no fallback: the engine asked for (or the default) runs, or none
+    from alodlm_jax import generate as generation  # imports JAX when it generates
+    from alodlm_jax import sharding
+
+    mesh = sharding.MeshSpec.parse(fv.mesh)
+    generation.check_batch_size(engine, fv.batch_size)
+    sharding.check_layout(mesh, engine, fv.batch_size)
+    device = fv.device or generation.default_device()
+    cache_dir = apply_compilation_flags(fv)
+    scale_out = fv.mesh is not None or several_processes  # local devices, a mesh
+    generator = generation.build_generator(
+        model=fv.model, mesh=mesh if scale_out else None, model_config=fv.model_config,
+        device=device, precision=fv.precision, decode_config=decode, engine=engine,
+        compilation_cache_dir=cache_dir, batch_size=fv.batch_size)
+    return generator, engine, device

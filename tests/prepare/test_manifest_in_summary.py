@@ -106,7 +106,9 @@ class _FixedGenerator:
 
 
 def test_generate_mode_summary_carries_the_manifest(suite, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(evaluate, "build_generator", lambda *args, **kwargs: _FixedGenerator())
+    from alodlm_jax import generate
+
+    monkeypatch.setattr(generate, "build_generator", lambda *args, **kwargs: _FixedGenerator())
     output = tmp_path / "generated"
     status = evaluate.main(["alodlm-jax-evaluate", "--model", "unused", "--input", str(suite),
                             "--output", str(output), "--device", "cpu", "--workers", "1"])
