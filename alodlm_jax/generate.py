@@ -358,6 +358,7 @@ def build_generator(*, model: str, mesh=None, model_config: str | None = None, d
     from alodlm_jax import sharding
     from alodlm_jax.params import load_model
 
+    check_batch_size(engine, batch_size)
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
     if engine not in ENGINES:
@@ -365,7 +366,6 @@ def build_generator(*, model: str, mesh=None, model_config: str | None = None, d
     spec = None
     if mesh is not None:
         spec = mesh if isinstance(mesh, sharding.MeshSpec) else sharding.MeshSpec.parse(mesh)
-    check_batch_size(engine, batch_size)
     if spec is not None:
         sharding.check_layout(spec, engine, batch_size)
     enable_compilation_cache(compilation_cache_dir)
