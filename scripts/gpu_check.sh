@@ -32,8 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from alodlm_jax.config import DecodeConfig
 from alodlm_jax.analysis import step_analysis
+from alodlm_jax.config import DecodeConfig
 from alodlm_jax.decode import batched
 from alodlm_jax.decode.compiled import CompiledEngine
 from alodlm_jax.decode.portable import PortableEngine
@@ -168,9 +168,8 @@ def mesh_layouts(count: int, batch: int) -> list:
 
 def check_layouts(args, dtype) -> bool:
     from alodlm_jax import sharding
-    from alodlm_jax.analysis import step_analysis
-from alodlm_jax.decode import batched
     from alodlm_jax.analysis import collectives, step_collectives
+    from alodlm_jax.decode import batched
     from alodlm_jax.decode.layout import Layout
 
     ok = True
