@@ -52,7 +52,7 @@ def step_analysis(cfg, params, bucket: W.Bucket, *, mode: str = "entropy", dtype
         analysis_consts(), finished=True))
     slots = B.batched_spec(bucket, one)
     consts = W.abstract(analysis_consts())
-    step = jax.jit(functools.partial(_step, cfg=cfg, window_size=window_size, mode=mode),
+    step = jax.jit(functools.partial(B.batch_step, cfg=cfg, window_size=window_size, mode=mode),
                    donate_argnums=(1, 2))
     compiled = step.lower(params_spec, cache, slots, consts).compile()
     cost = compiled.cost_analysis()
