@@ -2,8 +2,8 @@
 
 :class:`Generator` is what the generate and evaluate commands use::
 
-    gen = Generator.load("path/or/hub-id", precision="fp32", device="cpu",
-                         decode_config=DecodeConfig(q=0.5, tau=0.4))
+    gen = build_generator(model="path/or/hub-id", precision="fp32", device="cpu",
+                          decode_config=DecodeConfig(q=0.5, tau=0.4))
     gen.generate_ids(gen.chat_prompt_ids("Return value one"))   # the §6.6 result dict
     gen.generate(formatted_prompt)   # evaluation: the prompt is tokenized verbatim
     gen.generate_batch([p1, p2])     # several verbatim prompts (compiled engine, batch_size > 1)
@@ -61,13 +61,15 @@ def default_device() -> str:
 
 
 def jax_device(device: str):
-    """The first JAX device of the platform a ``--device`` value names (ValueError if absent)."""
+    """This process's first JAX device of the platform a ``--device`` value names (ValueError if
+    absent). After ``jax.distributed.initialize``, ``jax.devices(...)[0]`` would be process 0's
+    device on every process; decoding must use a device this process can address."""
     import jax
 
     if device not in DEVICES:
         raise ValueError(f"device must be one of {sorted(DEVICES)}, got {device!r}")
     try:
-        devices = jax.devices(DEVICES[device])
+        devices = jax.local_devices(backend=DEVICES[device])
     except RuntimeError:
         devices = []
     if not devices:
@@ -110,8 +112,9 @@ def make_engine(engine: str, cfg, params, decode: DecodeConfig, stop_ids: Sequen
 
     ``batch_size`` (requests decoded together by ``generate_batch``) needs the compiled engine;
     ``compilation_cache_dir`` turns on JAX's persistent compilation cache for either engine;
-    ``mesh`` (compiled engine): the ``("data", "model")`` mesh its programs run on, ``params``
-    already sharded on it (:func:`alodlm_jax.sharding.build_generator`).
+    ``mesh``: the ``("data", "model")`` mesh ``params`` are already sharded on, or None (one
+    device). The compiled engine runs its programs on it (:mod:`alodlm_jax.decode.layout`); the
+    portable engine creates its KV cache in the mesh's shardings (``model`` only).
     """
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {list(ENGINES)}, got {engine!r}")
@@ -121,7 +124,12 @@ def make_engine(engine: str, cfg, params, decode: DecodeConfig, stop_ids: Sequen
 
         if compilation_cache_dir:
             enable_compilation_cache(compilation_cache_dir)
-        return PortableEngine(cfg, params, decode, stop_ids)
+        cache_sharding = None
+        if mesh is not None:
+            from alodlm_jax.sharding import cache_shardings
+
+            cache_sharding = cache_shardings(mesh, cfg)
+        return PortableEngine(cfg, params, decode, stop_ids, cache_sharding=cache_sharding)
     try:
         from alodlm_jax.decode.compiled import CompiledEngine
         from alodlm_jax.decode.layout import for_mesh
@@ -165,7 +173,7 @@ class Generator:
         self.device = device
         self.engine_name = engine
         self.batch_size = batch_size
-        self.mesh = mesh  # the compiled engine's ("data", "model") mesh, or None: one device
+        self.mesh = mesh  # the ("data", "model") mesh params are sharded on, or None: one device
         self.decode_config = decode_config or DecodeConfig()
         self.stop_ids = stop_ids_for(tokenizer) if stop_ids is None else sorted({int(i) for i in stop_ids})
         self._jax_device = jax_device or jax.devices()[0]
@@ -180,47 +188,14 @@ class Generator:
         (no reload; compiled programs are shared when the shapes agree).
 
         ``stop_ids`` replaces the stop ids (default: this generator's); the engines take them as
-        a runtime input, so other stop ids compile nothing new. A KV cache sharding set on this
-        generator's engine (``alodlm_jax.sharding.build_generator``) is kept.
+        a runtime input, so other stop ids compile nothing new. The mesh is kept.
         """
         other = Generator(cfg=self.cfg, params=self.params, tokenizer=self.tokenizer,
                           model_dir=self.model_dir, precision=self.precision, device=self.device,
                           engine=self.engine_name, decode_config=decode_config,
                           jax_device=self._jax_device, batch_size=self.batch_size,
                           stop_ids=self.stop_ids if stop_ids is None else stop_ids, mesh=self.mesh)
-        if getattr(self.engine, "cache_sharding", None) is not None:
-            other.engine.cache_sharding = self.engine.cache_sharding
-        if hasattr(self, "mesh_spec"):
-            other.mesh_spec = self.mesh_spec
         return other
-
-    @classmethod
-    def load(cls, model: str, *, precision: str = "fp32", device: str = "cpu",
-             engine: str = "portable", decode_config: DecodeConfig | None = None,
-             model_config: str | None = None, batch_size: int = 1,
-             compilation_cache_dir: str | None = None) -> "Generator":
-        """Loads a converted directory, an HF checkpoint directory or a Hub id onto ``device``."""
-        import jax
-
-        from alodlm_convert.resolve import resolve_model
-        from alodlm_jax.params import load_model
-
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
-        if engine not in ENGINES:
-            raise ValueError(f"engine must be one of {list(ENGINES)}, got {engine!r}")
-        check_batch_size(engine, batch_size)  # before the (slow) load
-        decode_config = decode_config or DecodeConfig()
-        target = jax_device(device)
-        model_dir = resolve_model(model)
-        placement = jax.sharding.SingleDeviceSharding(target)
-        cfg, params = load_model(str(model_dir), precision, sharding=lambda path, array: placement,
-                                 model_config_yaml=model_config, per_layer=True)
-        tokenizer = load_tokenizer(model_dir)
-        return cls(cfg=cfg, params=params, tokenizer=tokenizer, model_dir=model_dir,
-                   precision=precision, device=device, engine=engine,
-                   decode_config=decode_config, jax_device=target, batch_size=batch_size,
-                   compilation_cache_dir=compilation_cache_dir)
 
     # -- prompts ---------------------------------------------------------------------------------
 
@@ -278,7 +253,7 @@ class Generator:
 
         The compiled engine decodes them with ``batch_size`` slots and continuous batching (each
         result equals decoding the prompt alone; timings per
-        :data:`alodlm_jax.decode.batched.BATCH_TIMING`); another engine decodes them one by one.
+        :data:`alodlm_jax.decode.scheduler.BATCH_TIMING`); another engine decodes them one by one.
         """
         return list(self.generate_stream(prompt_texts))
 
@@ -366,17 +341,52 @@ def check_task_prompts(generator: Generator, tasks: Sequence[Any]) -> None:
             raise TaskFileError(str(error), field="prompt", **where_is(tasks, index)) from None
 
 
-def build_generator(*, model: str, model_config: str | None = None, device: str = "cpu",
+def build_generator(*, model: str, mesh=None, model_config: str | None = None, device: str = "cpu",
                     precision: str = "fp32", decode_config: DecodeConfig | None = None,
                     engine: str = "portable", compilation_cache_dir: str | None = None,
                     batch_size: int = 1) -> Generator:
-    """The evaluate command's plug-in point (``alodlm_jax.cli.evaluate.build_generator``).
+    """The one way to build a :class:`Generator` from a model name: every command, the harness,
+    sweeps and scale-out runs call it.
 
-    ``batch_size > 1`` needs the compiled engine (ValueError otherwise, before loading anything);
-    ``compilation_cache_dir`` enables JAX's persistent compilation cache there.
+    ``model``: a converted directory, an HF checkpoint directory or a Hub id. ``mesh``: None (one
+    device: this process's first device of ``device``'s platform, per-layer weights, the
+    ordinary path), or a :class:`~alodlm_jax.sharding.MeshSpec` (or its ``--mesh`` text) over this
+    process's local devices: one device loads stacked weights onto the first of them (the layout
+    sharded loading gives, so a one-device mesh is numerically the sharded runs' path); a larger
+    mesh loads with :func:`~alodlm_jax.sharding.load_sharded_model` and the engine is built for
+    it (:func:`make_engine`). Settings that cannot work (precision, engine, ``batch_size``, a
+    layout :func:`~alodlm_jax.sharding.check_layout` refuses) are a ValueError before anything
+    is loaded; ``compilation_cache_dir`` enables JAX's persistent compilation cache there.
     """
+    import jax
+
+    from alodlm_convert.resolve import resolve_model
+    from alodlm_jax import sharding
+    from alodlm_jax.params import load_model
+
     check_batch_size(engine, batch_size)
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {list(ENGINES)}, got {engine!r}")
+    spec = None
+    if mesh is not None:
+        spec = mesh if isinstance(mesh, sharding.MeshSpec) else sharding.MeshSpec.parse(mesh)
+    if spec is not None:
+        sharding.check_layout(spec, engine, batch_size)
     enable_compilation_cache(compilation_cache_dir)
-    return Generator.load(model, precision=precision, device=device, engine=engine,
-                          decode_config=decode_config, model_config=model_config,
-                          batch_size=batch_size, compilation_cache_dir=compilation_cache_dir)
+    first = jax_device(device)
+    model_dir = resolve_model(model)
+    the_mesh = None
+    if spec is None or spec.num_devices == 1:
+        placement = jax.sharding.SingleDeviceSharding(first)
+        cfg, params = load_model(str(model_dir), precision, sharding=lambda path, array: placement,
+                                 model_config_yaml=model_config, per_layer=spec is None)
+    else:
+        the_mesh = sharding.make_mesh(spec, jax.local_devices(backend=DEVICES[device]))
+        cfg, params = sharding.load_sharded_model(model_dir, the_mesh, precision,
+                                                  model_config_yaml=model_config)
+    return Generator(cfg=cfg, params=params, tokenizer=load_tokenizer(model_dir),
+                     model_dir=model_dir, precision=precision, device=device, engine=engine,
+                     decode_config=decode_config, jax_device=first, batch_size=batch_size,
+                     mesh=the_mesh, compilation_cache_dir=compilation_cache_dir)

@@ -14,7 +14,7 @@ cache so that ``start + T <= t_max`` for every call (``dynamic_update_slice`` cl
 offsets, which would overwrite prefix slots).
 
 Cost model: a layer group is either stacked (one ``lax.scan``, one compiled layer body) or a tuple
-of per-layer dicts (:func:`unstack_layers`, a Python loop; the layout ``Generator.load`` uses, since
+of per-layer dicts (:func:`unstack_layers`, a Python loop; the ordinary load's layout, since
 XLA copies a layer's weights out of a stack on every call). The group's whole cache is threaded
 through the layers, each of which writes only its ``T`` window slots (:func:`write_slots`:
 ``dynamic_update_slice``, in place when the caller donates the cache to its jitted function, also
@@ -60,6 +60,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 from jax.custom_batching import custom_vmap
+
+from alodlm_jax import rows as R
 
 if TYPE_CHECKING:  # pragma: no cover
     from alodlm_convert.config import ModelConfig
@@ -469,159 +471,21 @@ def _layer_loop(stack, layer, h, kv_axis: int = 0):
 
 
 # --------------------------------------------------------------------------------------------------
-# Several requests' windows at once, their valid rows packed together (the batch step)
-
-
-@struct.dataclass
-class RowMap:
-    """The valid rows of ``B`` requests' windows packed into ``R`` matrix rows (ragged batching),
-    and the requests that have rows in ``A`` attention lanes.
-
-    Request ``b``'s padded window rows ``0 .. count[b]-1`` (layout ``[B, W, ...]``) sit at compact
-    rows ``offset[b] .. offset[b]+count[b]-1``, in request order; compact rows past the total are
-    padding (``valid`` false). Every row-wise operation (norms, projections, MLP, RoPE) runs on the
-    ``R`` compact rows, so a batch step multiplies only the rows its requests need rather than
-    ``B`` times the largest window. Attention and the heads, which work per request, run on the
-    padded layout of the ``A`` lanes (``[A, W, ...]``): lane ``a`` holds request ``lane[a]``, the
-    requests with rows first in request order, so a step with few live requests attends for those
-    alone rather than for all ``B`` slots (:func:`step_shapes`).
-
-    Attributes:
-      slot, row: int32[R] — the padded position ``(b, a)`` of each compact row (0 for padding).
-      valid: bool[R] — a real row.
-      offset, count: int32[B] — each request's first compact row and number of rows.
-      lane: int32[A] — the request in each lane (0 for a lane left over).
-      lane_valid: bool[A] — a lane holding a request with rows.
-      lane_of: int32[B] — each request's lane (0 for a request without rows).
-    """
-
-    slot: jax.Array
-    row: jax.Array
-    valid: jax.Array
-    offset: jax.Array
-    count: jax.Array
-    lane: jax.Array
-    lane_valid: jax.Array
-    lane_of: jax.Array
-
-
-def row_map(counts: jax.Array, size: int, lanes: int | None = None) -> RowMap:
-    """:class:`RowMap` of ``counts[b]`` rows per request in ``size`` compact rows and ``lanes``
-    attention lanes (all ``B`` by default). Needs ``sum(counts) <= size`` and at most ``lanes``
-    requests with rows; the caller picks the shape from :func:`step_shapes`."""
-    counts = jnp.asarray(counts, jnp.int32)
-    batch = counts.shape[0]
-    lanes = batch if lanes is None else lanes
-    ends = jnp.cumsum(counts)
-    offset = ends - counts
-    r = jnp.arange(size, dtype=jnp.int32)
-    slot = jnp.minimum(jnp.sum((ends[None, :] <= r[:, None]).astype(jnp.int32), axis=1), batch - 1)
-    valid = r < ends[-1]
-    row = jnp.where(valid, r - offset[slot], 0)
-    has = counts > 0
-    (lane,) = jnp.nonzero(has, size=lanes, fill_value=0)
-    ranks = jnp.cumsum(has.astype(jnp.int32))
-    lane_of = jnp.where(has, jnp.minimum(ranks - 1, lanes - 1), 0)
-    lane_valid = jnp.arange(lanes, dtype=jnp.int32) < ranks[-1]
-    return RowMap(slot=jnp.where(valid, slot, 0), row=row, valid=valid, offset=offset, count=counts,
-                  lane=lane.astype(jnp.int32), lane_valid=lane_valid, lane_of=lane_of)
-
-
-def row_totals(batch: int, rows: int) -> tuple[int, ...]:
-    """Compact row counts a batch step runs at: 1/4, 1/2, 5/8, 3/4 and all of ``batch * rows``.
-
-    With every request live a step needs between ``batch * rows / 2`` (each window holds at least
-    its ``rows / 2`` masks) and ``batch * rows`` rows, the range the upper four cover as the
-    single-request row buckets do (:func:`alodlm_jax.decode.portable.row_buckets`); 1/4 serves a
-    batch that is emptying."""
-    full = batch * rows
-    return tuple(sorted({max(1, -(-full * f // 8)) for f in (2, 4, 5, 6, 8)}))
-
-
-def step_shapes(batch: int, rows: int) -> tuple[tuple[int, int], ...]:
-    """The ``(R, A)`` shapes a batch step runs at, ascending: ``R`` compact rows, ``A`` lanes.
-
-    Each of :func:`row_totals`, with as many lanes as it can hold requests of ``rows / 2`` rows
-    (every live window's least), and all ``batch`` for the largest. A step takes the first shape
-    holding both its rows and its requests with rows (:func:`step_shape_index`), so the lane
-    bound is about speed only: the last shape holds every step. A batch that is emptying thus
-    attends and runs its heads in half the lanes (the 1/4 row total); a separate shape per lane
-    count would save more in the tail but costs compilation (one more copy of the network per
-    shape: +53 % compile time for the small bench model at batch 8 with one single-lane shape).
-    """
-    totals = row_totals(batch, rows)
-    half = max(1, rows // 2)
-    return tuple(sorted({(r, min(batch, max(1, r // half))) for r in totals[:-1]}
-                        | {(totals[-1], batch)}))
-
-
-def step_shape_index(shapes: tuple[tuple[int, int], ...], counts: jax.Array) -> jax.Array:
-    """Index of the first of ``shapes`` holding ``sum(counts)`` rows and the requests with rows."""
-    counts = jnp.asarray(counts, jnp.int32)
-    total = jnp.sum(counts)
-    requests = jnp.sum((counts > 0).astype(jnp.int32))
-    fits = (jnp.asarray([r for r, _ in shapes], jnp.int32) >= total) & \
-        (jnp.asarray([a for _, a in shapes], jnp.int32) >= requests)
-    fits = fits.at[-1].set(True)
-    return jnp.argmax(fits).astype(jnp.int32)
-
-
-def _compact(x: jax.Array, m: RowMap, slot: jax.Array) -> jax.Array:
-    """Padded ``x[slot[r], m.row[r]]`` for each compact row ``r`` (zeros for padding rows)."""
-    out = x[slot, m.row]
-    return jnp.where(m.valid.reshape((-1,) + (1,) * (out.ndim - 1)), out, jnp.zeros((), x.dtype))
-
-
-def _padded(x: jax.Array, offset: jax.Array, count: jax.Array, rows: int, fill) -> jax.Array:
-    """Compact ``[R, ...]`` -> ``[N, rows, ...]``: entry ``n`` holds compact rows ``offset[n] ..
-    offset[n]+count[n]-1``, then ``fill``'s rows."""
-    a = jnp.arange(rows, dtype=jnp.int32)
-    index = jnp.minimum(offset[:, None] + a[None, :], x.shape[0] - 1)  # [N, rows]
-    inside = a[None, :] < count[:, None]
-    return jnp.where(inside.reshape(inside.shape + (1,) * (x.ndim - 1)), x[index], fill)
-
-
-def to_rows(x: jax.Array, m: RowMap) -> jax.Array:
-    """Padded ``[B, W, ...]`` -> compact ``[R, ...]`` (padding rows are zeros)."""
-    return _compact(x, m, m.slot)
-
-
-def from_rows(x: jax.Array, m: RowMap, rows: int, fill: jax.Array | None = None) -> jax.Array:
-    """Compact ``[R, ...]`` -> padded ``[B, rows, ...]``; rows past a request's count take
-    ``fill``'s rows (zeros by default)."""
-    return _padded(x, m.offset, m.count, rows, jnp.zeros((), x.dtype) if fill is None else fill)
-
-
-def to_lanes(x: jax.Array, m: RowMap, rows: int) -> jax.Array:
-    """Compact ``[R, ...]`` -> the lanes' padded layout ``[A, rows, ...]`` (zeros past each lane's
-    request's rows, and in lanes left over)."""
-    count = jnp.where(m.lane_valid, m.count[m.lane], 0)
-    return _padded(x, m.offset[m.lane], count, rows, jnp.zeros((), x.dtype))
-
-
-def from_lanes(x: jax.Array, m: RowMap) -> jax.Array:
-    """The lanes' padded layout ``[A, W, ...]`` -> compact ``[R, ...]`` (padding rows are zeros)."""
-    return _compact(x, m, m.lane_of[m.slot])
-
-
-def lanes_to_batch(x: jax.Array, m: RowMap) -> jax.Array:
-    """Per-lane ``[A, ...]`` -> per-request ``[B, ...]`` (zeros for requests without rows)."""
-    out = x[m.lane_of]
-    has = m.count > 0
-    return jnp.where(has.reshape((-1,) + (1,) * (out.ndim - 1)), out, jnp.zeros((), x.dtype))
+# Several requests' windows at once, their valid rows packed together (the batch step;
+# the packing is :mod:`alodlm_jax.rows`)
 
 
 def _window_layer_rows(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax.Array,
                        k_all: jax.Array, v_all: jax.Array, layer, depth, start: jax.Array,
-                       kv_bucket: jax.Array, m: RowMap, rows: int):
+                       kv_bucket: jax.Array, m: R.RowMap, rows: int):
     """:func:`_window_layer` for ``B`` requests: compact rows ``h [R, H]``, the batch's cache
     buffers ``[B, L, (K,) T, n_kv, d_h]``, per-request ``start`` and ``depth`` ``[B]``.
 
     Returns ``(h [R, H], k, v)`` with the window rows' K/V in the padded layout ``[B, rows,
     n_kv, d_h]`` (zeros past each request's rows). Attention runs in the ``A`` lanes of
-    :class:`RowMap`: each lane's queries attend over its request's prefix (read from the batch's
-    buffers at that request's index and depth) and window rows exactly as :func:`_window_layer`
-    does."""
+    :class:`~alodlm_jax.rows.RowMap`: each lane's queries attend over its request's prefix (read
+    from the batch's buffers at that request's index and depth) and window rows exactly as
+    :func:`_window_layer` does."""
     q, k, v = _qkv(lp, eps, h, cos, sin)
     k = k.astype(k_all.dtype)
     v = v.astype(v_all.dtype)
@@ -640,16 +504,16 @@ def _window_layer_rows(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin
             q, k, v, lane, start[lane], lane_depth)
 
     attn = _on_kv_bucket(k_all.shape[2 if depth is None else 3], kv_bucket, attend_first,
-                         to_lanes(q, m, rows), to_lanes(k, m, rows), to_lanes(v, m, rows),
+                         R.to_lanes(q, m, rows), R.to_lanes(k, m, rows), R.to_lanes(v, m, rows),
                          k_all, v_all)
-    return (_attention_out_and_mlp(lp, eps, h, from_lanes(attn, m)), from_rows(k, m, rows),
-            from_rows(v, m, rows))
+    return (_attention_out_and_mlp(lp, eps, h, R.from_lanes(attn, m)), R.from_rows(k, m, rows),
+            R.from_rows(v, m, rows))
 
 
-def run_window_rows(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Array, m: RowMap,
+def run_window_rows(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Array, m: R.RowMap,
                     k_all: jax.Array, v_all: jax.Array, start: jax.Array, depth=None, *,
                     prefix_limit, rows: int):
-    """:func:`run_window_stack` for ``B`` requests on compact rows (:class:`RowMap`).
+    """:func:`run_window_stack` for ``B`` requests on packed rows (:class:`~alodlm_jax.rows.RowMap`).
 
     ``h [R, H]`` and ``positions [R]`` are compact; ``k_all``/``v_all`` the batch's buffers
     ``[B, L, (K,) T, n_kv, d_h]``; ``start`` (and ``depth`` for the core) ``[B]``; ``prefix_limit``

@@ -50,6 +50,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from alodlm_jax import model as M
+
 DATA_AXIS = "data"
 MODEL_AXIS = "model"
 MESH_AXES = (DATA_AXIS, MODEL_AXIS)
@@ -224,20 +226,16 @@ def cache_shardings(mesh: Mesh, cfg=None):
     With ``cfg``, the buffers of an empty layer group (the 1.7B's prelude and coda) are replicated:
     XLA returns zero-size arrays unsharded, and the engine's executables must agree with that.
     """
-    from alodlm_jax.model import KVCache
-
     empty = set()
     if cfg is not None:
         empty = {g for g, n in (("prelude", cfg.num_prelude_layers), ("core", cfg.num_core_layers),
                                 ("coda", cfg.num_coda_layers)) if n == 0}
-    return KVCache(**{name: NamedSharding(mesh, P() if name.split("_")[0] in empty else spec)
+    return M.KVCache(**{name: NamedSharding(mesh, P() if name.split("_")[0] in empty else spec)
                       for name, spec in CACHE_SPECS.items()})
 
 
 def init_sharded_cache(cfg, t_max: int, dtype, mesh: Mesh):
     """``model.init_cache`` created directly in its shards (each device allocates its heads)."""
-    from alodlm_jax import model as M
-
     check_divisibility(cfg, model_axis_size(mesh))
     make = jax.jit(lambda: M.init_cache(cfg, t_max, dtype), out_shardings=cache_shardings(mesh, cfg))
     return make()
@@ -343,82 +341,3 @@ def _stack_callback(sources: Sequence, layer_shape: tuple[int, ...], dtype: np.d
         return np.stack([_read_slice(sources[i], rest, dtype) for i in layers])
 
     return stack
-
-
-# --------------------------------------------------------------------------------------------
-# A generator on a mesh (the evaluate command's entry point for --mesh and multi-process runs)
-# --------------------------------------------------------------------------------------------
-
-
-def local_device(device: str = "cpu"):
-    """This process's first device of the platform ``--device`` names.
-
-    ``alodlm_jax.generate.jax_device`` takes ``jax.devices(...)[0]``, which after
-    ``jax.distributed.initialize`` is process 0's device on every process; decoding must use a
-    device this process can address.
-    """
-    from alodlm_jax.generate import DEVICES, missing_device_message
-
-    if device not in DEVICES:
-        raise ValueError(f"device must be one of {sorted(DEVICES)}, got {device!r}")
-    try:
-        devices = jax.local_devices(backend=DEVICES[device])
-    except RuntimeError:
-        devices = []
-    if not devices:
-        raise ValueError(missing_device_message(device))
-    return devices[0]
-
-
-def build_generator(*, model: str, mesh: MeshSpec | str | None = None, model_config: str | None = None,
-                    device: str = "cpu", precision: str = "fp32", decode_config=None,
-                    engine: str = "compiled", compilation_cache_dir: str | None = None,
-                    batch_size: int = 1):
-    """A ``Generator`` whose params (and KV cache) live on this process's mesh.
-
-    A one-device mesh (the default) loads through the ordinary loader onto this process's first
-    local device, so it is numerically the single-device path. A larger mesh loads with
-    :func:`load_sharded_model` onto a mesh of local devices of ``device``'s platform; the compiled
-    engine runs its programs on it (:mod:`alodlm_jax.decode.layout`: ``model`` splits weights and
-    cache, ``data`` the ``batch_size`` request slots), the portable engine gets the KV cache's
-    shardings (its ``cache_sharding`` hook; ``model`` only). Layouts that cannot work are refused
-    (:func:`check_layout`) before anything is loaded.
-    """
-    from alodlm_convert.resolve import resolve_model
-    from alodlm_jax.config import ENGINES
-    from alodlm_jax.generate import (DEVICES, PRECISIONS, Generator, check_batch_size,
-                                     enable_compilation_cache, load_tokenizer)
-    from alodlm_jax.params import load_model
-
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
-    if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {list(ENGINES)}, got {engine!r}")
-    spec = mesh if isinstance(mesh, MeshSpec) else MeshSpec.parse(mesh)
-    check_batch_size(engine, batch_size)
-    check_layout(spec, engine, batch_size)
-    enable_compilation_cache(compilation_cache_dir)
-    first = local_device(device)
-    model_dir = resolve_model(model)
-    the_mesh = None
-    if spec.num_devices == 1:
-        placement = jax.sharding.SingleDeviceSharding(first)
-        cfg, params = load_model(str(model_dir), precision, sharding=lambda path, array: placement,
-                                 model_config_yaml=model_config)
-    else:
-        the_mesh = make_mesh(spec, jax.local_devices(backend=DEVICES[device]))
-        cfg, params = load_sharded_model(model_dir, the_mesh, precision, model_config_yaml=model_config)
-    cache_sharding = None
-    if the_mesh is not None and engine == "portable":
-        cache_sharding = cache_shardings(the_mesh, cfg)
-    generator = Generator(cfg=cfg, params=params, tokenizer=load_tokenizer(model_dir), model_dir=model_dir,
-                          precision=precision, device=device, engine=engine,
-                          decode_config=decode_config, jax_device=first, batch_size=batch_size,
-                          mesh=the_mesh if engine == "compiled" else None,
-                          compilation_cache_dir=compilation_cache_dir)
-    if cache_sharding is not None:
-        if not hasattr(type(generator.engine), "cache_sharding"):
-            raise ValueError(f"the {engine!r} engine has no KV cache sharding hook")
-        generator.engine.cache_sharding = cache_sharding
-    generator.mesh_spec = spec
-    return generator

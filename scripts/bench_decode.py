@@ -158,7 +158,7 @@ def run_model(name: str, args) -> dict:
     from alodlm_jax.params import load_model
 
     path = build_checkpoint(pathlib.Path(args.workdir), name, args.lm_head_scale)
-    cfg, params = load_model(str(path), "fp32", per_layer=True)  # the layout Generator.load uses
+    cfg, params = load_model(str(path), "fp32", per_layer=True)  # the ordinary load's layout
     rng = np.random.default_rng(7)
     prompts = [rng.integers(13, cfg.vocab_size, size=args.prompt_tokens).tolist()
                for _ in range(args.batch_prompts)]
@@ -226,7 +226,7 @@ def run_model(name: str, args) -> dict:
                             sum(len(o.token_ids) for o in seq) / sum(o.outer_steps for o in seq)))
             engine = CompiledEngine(cfg, params, decode, [], batch_size=args.batch)
             from alodlm_jax.decode import batched
-            from alodlm_jax.decode.compiled import Bucket
+            from alodlm_jax.decode.window import Bucket
 
             batched.compile_batch(engine, Bucket.for_request(len(prompts[0]), decode, args.batch))
             engine.generate_batch(prompts[:1])  # warm execution (one live request, 7 idle)
@@ -250,12 +250,9 @@ def run_model(name: str, args) -> dict:
 
 def warmup(engine, prompt, decode) -> None:
     """Compiles every program a request needs (no discarded full generation: saves minutes)."""
-    from alodlm_jax.decode import compiled, portable
+    from alodlm_jax.decode.window import Bucket
 
-    if isinstance(engine, portable.PortableEngine):
-        engine.compile_for(portable.Shapes.for_request(len(prompt), decode))
-    else:
-        engine.compile_for(compiled.Bucket.for_request(len(prompt), decode))
+    engine.compile_for(Bucket.for_request(len(prompt), decode))
 
 
 def goals(name: str, report: dict, args) -> dict:
@@ -346,7 +343,7 @@ def scaling(args) -> list[dict]:
 
 def next_pow2_slots(prompt_len: int, max_new: int, window: int) -> int:
     from alodlm_jax.config import DecodeConfig
-    from alodlm_jax.decode.compiled import Bucket
+    from alodlm_jax.decode.window import Bucket
 
     return Bucket.for_request(prompt_len, DecodeConfig(max_new_tokens=max_new,
                                                        window_size=window)).cache_slots
@@ -357,7 +354,7 @@ H200_BYTES_PER_SECOND = 4.8e12
 
 def print_step_costs(title: str, rows: list[dict], tokens_per_pass: float | None) -> None:
     """One line per batch size: XLA's cost and memory analysis of one batch step beside the floor
-    (``alodlm_jax.decode.batched.step_analysis``), and what it implies on an H200's bandwidth."""
+    (``alodlm_jax.analysis.step_analysis``), and what it implies on an H200's bandwidth."""
     print(f"\n== one batch step, XLA cost/memory analysis: {title} ==")
     print(f"  {'batch':>5}{'GFLOP':>10}{'GB accessed':>13}{'GB gathers':>12}{'GB moved':>10}"
           f"{'GB floor':>10}{'moved/floor':>13}{'temp MB':>9}{'H200 steps/s':>14}"
@@ -376,15 +373,15 @@ def print_step_costs(title: str, rows: list[dict], tokens_per_pass: float | None
 
 def bench_step_costs(name: str, args) -> list[dict]:
     from alodlm_jax.config import DecodeConfig
-    from alodlm_jax.decode import batched
-    from alodlm_jax.decode.compiled import Bucket
+    from alodlm_jax.analysis import step_analysis
+    from alodlm_jax.decode.window import Bucket
     from alodlm_jax.params import load_model
 
     path = build_checkpoint(pathlib.Path(args.workdir), name, args.lm_head_scale)
     cfg, params = load_model(str(path), "fp32", per_layer=True)
     decode = DecodeConfig(q=0.5, tau=0.4, window_size=args.window_size,
                           max_new_tokens=args.max_new_tokens)
-    rows = [batched.step_analysis(cfg, params, Bucket.for_request(args.prompt_tokens, decode, b))
+    rows = [step_analysis(cfg, params, Bucket.for_request(args.prompt_tokens, decode, b))
             for b in args.step_costs]
     print_step_costs(f"{name} model, fp32, {rows[0]['cache_slots']} cache slots", rows, None)
     return rows
@@ -398,6 +395,7 @@ def layer_costs(name: str, batch: int, slots: int, args) -> dict:
     import jax.numpy as jnp
 
     from alodlm_jax import model as M
+    from alodlm_jax import rows as R
     from alodlm_jax.params import load_model
 
     path = build_checkpoint(pathlib.Path(args.workdir), name, args.lm_head_scale)
@@ -411,7 +409,7 @@ def layer_costs(name: str, batch: int, slots: int, args) -> dict:
     i32 = lambda *shape: spec(shape, jnp.int32)  # noqa: E731
 
     def layer(lp, h, positions, counts, k_all, v_all, start, depth):
-        m = M.row_map(counts, packed)
+        m = R.row_map(counts, packed)
         cos, sin = M.rope_tables(positions, dh, cfg.rope_theta, h.dtype)
         bucket = M.kv_bucket_index(M.kv_buckets(slots), jnp.max(start))
         return M._window_layer_rows(lp, eps, h, cos, sin, k_all, v_all, 0, depth, start, bucket,
@@ -445,8 +443,8 @@ def layer_costs(name: str, batch: int, slots: int, args) -> dict:
 def released_step_costs(name: str, args) -> list[dict]:
     """The batch step of a released model's shapes in bf16, compiled for this machine's backend
     from parameter shapes alone (no weights in memory, nothing decoded)."""
-    from alodlm_jax.decode import batched
-    from alodlm_jax.decode.compiled import Bucket
+    from alodlm_jax.analysis import step_analysis
+    from alodlm_jax.decode.window import Bucket
     from alodlm_jax.testing.released_shapes import model_config, param_specs
 
     cfg = model_config(name)
@@ -456,7 +454,7 @@ def released_step_costs(name: str, args) -> list[dict]:
         bucket = Bucket(prompt_bucket=16, window_size=args.window_size, capacity=16,
                         cache_slots=args.released_cache_slots, batch=b)
         t0 = time.perf_counter()
-        rows.append(batched.step_analysis(cfg, params, bucket))
+        rows.append(step_analysis(cfg, params, bucket))
         print(f"  [{name} batch {b}: compiled in {time.perf_counter() - t0:.0f} s]", flush=True)
     print_step_costs(f"{name}-shaped, bf16, {rows[0]['cache_slots']} cache slots", rows, args.tokens_per_pass)
     return rows

@@ -6,8 +6,8 @@ plus the bundled tiny
 checkpoint's word-level tokenizer and chat template, then measures, each in a fresh child process
 (peak RSS = the waited child's ``ru_maxrss``):
 
-* ``generator``: ``Generator.load(..., precision=fp32, device=cpu)`` and one generation (3 prompt
-  tokens, ``--max_new_tokens``, window 2); the child also reports its peak right after loading;
+* ``generator``: ``build_generator(model=..., precision=fp32, device=cpu)`` and one generation
+  (3 prompt tokens, ``--max_new_tokens``, window 2); the child also reports its peak right after loading;
 * ``command``: ``alodlm-jax-generate --model DIR --prompt_ids 4,5,6 ...`` (the same settings).
 
 On a CPU the device copy of the weights is host memory, so the floor is about 1.0x the checkpoint
@@ -48,8 +48,8 @@ import json, sys
 def peak():
     return [int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM")][0]
 from alodlm_jax.config import DecodeConfig
-from alodlm_jax.generate import Generator
-gen = Generator.load(sys.argv[1], precision="fp32", device="cpu", engine=sys.argv[2],
+from alodlm_jax.generate import build_generator
+gen = build_generator(model=sys.argv[1], precision="fp32", device="cpu", engine=sys.argv[2],
                      decode_config=DecodeConfig(max_new_tokens=int(sys.argv[3]), window_size=2))
 after_load = peak()
 result = gen.generate_ids([int(t) for t in sys.argv[4].split(",")])

@@ -57,15 +57,16 @@ def worker(spec: dict) -> dict:
     """One process: build the generator on its mesh, compile, (wait at the barrier,) decode."""
     import numpy as np
 
-    from alodlm_jax import sharding
+    from alodlm_jax.analysis import collectives, step_collectives
     from alodlm_jax.config import DecodeConfig
     from alodlm_jax.decode import batched
-    from alodlm_jax.decode.layout import collectives, step_collectives
+    from alodlm_jax.generate import build_generator
+    from alodlm_jax.sharding import MeshSpec
 
     decode = DecodeConfig(q=0.5, tau=0.4, window_size=4, max_new_tokens=spec["max_new_tokens"])
-    gen = sharding.build_generator(model=spec["model"], mesh=spec["mesh"], device="cpu",
-                                   precision="fp32", decode_config=decode, engine="compiled",
-                                   batch_size=spec["batch"])
+    gen = build_generator(model=spec["model"], mesh=MeshSpec.parse(spec["mesh"]), device="cpu",
+                          precision="fp32", decode_config=decode, engine="compiled",
+                          batch_size=spec["batch"])
     engine = gen.engine
     engine.stop_ids = []  # every request runs to max_new_tokens: equal work on every layout
     rng = np.random.default_rng(7)

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from alodlm_jax.analysis import step_analysis
 from alodlm_jax.config import DecodeConfig
 from alodlm_jax.decode import batched
 from alodlm_jax.decode.compiled import CompiledEngine
@@ -73,7 +74,7 @@ def batch_sweep(cfg, params, batches, args) -> bool:
         steps = sum(engine.last_live_steps.values()) / b  # request-passes / slots ~ steps
         same = all(a.token_ids == o.token_ids for a, o in zip(alone, outs))
         same_all &= same
-        cost = batched.step_analysis(cfg, params, engine.bucket_for(args.prompt_tokens, batch=b))
+        cost = step_analysis(cfg, params, engine.bucket_for(args.prompt_tokens, batch=b))
         floor_ms = 1e3 * cost["bytes_moved"] / HBM_BYTES_PER_SECOND
         print(f"  batch {b:>3}: {tokens / wall:9.1f} tok/s (x{tokens / wall / base:5.2f} one at a "
               f"time)  ~{1e3 * wall / max(steps, 1):7.3f} ms/step; XLA step: "
@@ -108,7 +109,7 @@ def main() -> int:
     for name in [m for m in args.models.split(",") if m and not args.layouts_only]:
         cfg = model_config(name, tiny=args.tiny)
         t0 = time.perf_counter()
-        # Per-layer weights: the layout Generator.load uses (a stacked group would copy each
+        # Per-layer weights: the ordinary load's layout (a stacked group would copy each
         # layer's weights out of the stack on every call, doubling a pass's memory traffic).
         params = random_params(cfg, dtype, seed=0, head_scale=args.head_scale)
         jax.block_until_ready(params)
@@ -167,8 +168,9 @@ def mesh_layouts(count: int, batch: int) -> list:
 
 def check_layouts(args, dtype) -> bool:
     from alodlm_jax import sharding
+    from alodlm_jax.analysis import collectives, step_collectives
     from alodlm_jax.decode import batched
-    from alodlm_jax.decode.layout import Layout, collectives, step_collectives
+    from alodlm_jax.decode.layout import Layout
 
     ok = True
     count = len(jax.local_devices())

@@ -21,11 +21,11 @@ from typing import Any, Mapping, Sequence
 
 from absl import flags
 
-from alodlm_jax.cli.flags import (FREE_SETTINGS_HELP, apply_compilation_flags,
-                                  code_scoring_from_flags, decode_config_from_flags,
-                                  default_compilation_cache_dir, define_code_scoring_flags,
-                                  define_compilation_flags, define_decode_flags,
-                                  define_model_flags, generate_run_settings, run_command)
+from alodlm_jax.cli.flags import (FREE_SETTINGS_HELP, code_scoring_from_flags,
+                                  decode_config_from_flags, default_compilation_cache_dir,
+                                  define_code_scoring_flags, define_compilation_flags,
+                                  define_decode_flags, define_model_flags, generate_run_settings,
+                                  generator_from_flags, require_model, run_command)
 from alodlm_jax.cli.progress import Progress, compiling
 from alodlm_jax.config import DEFAULT_ENGINE, ENGINE_NAMES, ENGINES, DecodeConfig
 
@@ -117,73 +117,6 @@ class CommandError(RuntimeError):
 # --------------------------------------------------------------------------------------------
 
 
-def build_generator(decode: DecodeConfig, device: str, engine: str | None = None,
-                    compilation_cache_dir: str | None = None, *,
-                    flag_values: flags.FlagValues | None = None):
-    """The generate-mode generator from ``alodlm_jax.generate`` (imports JAX).
-
-    Contract: ``.check_prompt(prompt_text)`` (ValueError when the decoder would refuse it),
-    ``.warmup(prompt)``, ``.generate(prompt_text) -> result dict`` (§7.1 keys 1-15), and
-    ``.protocol_fields() -> dict`` with any of decoder, precision, device, gpu, device_kind,
-    compile_seconds; with ``--batch_size > 1`` also ``.warmup_batches(groups of prompt texts)`` and
-    ``.generate_batch(prompt_texts) -> result dicts`` (in input order).
-    """
-    fv = FLAGS if flag_values is None else flag_values
-    try:
-        from alodlm_jax import generate as generation
-    except ModuleNotFoundError as error:
-        if error.name == "alodlm_jax.generate":
-            raise CommandError("generate mode is not available yet "
-                               "(alodlm_jax.generate is missing); rescore with --predictions") from None
-        raise
-    return generation.build_generator(
-        model=fv.model,
-        model_config=fv.model_config,
-        device=device,
-        precision=fv.precision,
-        decode_config=decode,
-        engine=engine or fv.engine,
-        compilation_cache_dir=compilation_cache_dir,
-        batch_size=fv.batch_size,
-    )
-
-
-def require_model(flag_values: flags.FlagValues) -> None:
-    """Generate mode needs ``--model`` (checked before anything reads it)."""
-    if not flag_values.model:
-        raise ValueError("--model is required for generation")
-
-
-def generator_from_flags(flag_values: flags.FlagValues, decode: DecodeConfig, *,
-                         several_processes: bool = False):
-    """The generator that the model flags ask for (``--model``, ``--model_config``, ``--device``,
-    ``--precision``, ``--engine``, ``--batch_size``, ``--mesh``, the compilation flags) with the
-    decoding configuration ``decode``; returns ``(generator, engine name, device)``. Imports JAX.
-
-    One definition for generate mode and for other front ends that take these flags' values
-    (``alodlm_jax.harness``: lm-eval's ``model_args``).
-    """
-    fv = flag_values
-    require_model(fv)
-    engine = fv.engine  # no fallback: the engine asked for (or the default) runs, or none
-    from alodlm_jax import sharding
-    from alodlm_jax.generate import check_batch_size, default_device  # imports JAX
-
-    mesh = sharding.MeshSpec.parse(fv.mesh)
-    check_batch_size(engine, fv.batch_size)
-    sharding.check_layout(mesh, engine, fv.batch_size)
-    device = fv.device or default_device()
-    cache_dir = apply_compilation_flags(fv)
-    if fv.mesh is not None or several_processes:  # scaling out: local devices, mesh
-        generator = sharding.build_generator(
-            model=fv.model, mesh=mesh, model_config=fv.model_config, device=device,
-            precision=fv.precision, decode_config=decode, engine=engine,
-            compilation_cache_dir=cache_dir, batch_size=fv.batch_size)
-    else:
-        generator = build_generator(decode, device, engine, cache_dir, flag_values=fv)
-    return generator, engine, device
-
-
 def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConfig,
                    progress) -> dict:
     from alodlm_scoring import evaluation, outputs, run_record
@@ -248,7 +181,7 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
         if batch_size > 1 or layout:  # after the project's keys; a batch-1 block is unchanged
             block["batch_size"] = batch_size
         if batch_size > 1:
-            from alodlm_jax.decode.batched import BATCH_TIMING
+            from alodlm_jax.decode.scheduler import BATCH_TIMING
 
             block["batch_timing"] = BATCH_TIMING
         block.update(layout)

@@ -31,7 +31,7 @@ __all__ = ["USER_ERRORS", "FlagError", "normalize_argv", "parse_flags", "run_com
            "define_decode_flags", "decode_config_from_flags", "naming_decode_flags",
            "define_model_flags", "define_code_scoring_flags", "code_scoring_from_flags",
            "define_compilation_flags", "apply_compilation_flags", "default_compilation_cache_dir",
-           "generate_run_settings", "FREE_SETTINGS_HELP"]
+           "generate_run_settings", "FREE_SETTINGS_HELP", "require_model", "generator_from_flags"]
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -346,3 +346,38 @@ def generate_run_settings(*, input_path: str, model: str | None, model_config: s
     bound["--code_sandbox"] = code_sandbox
     bound.update(extra or {})
     return RunSettings(bound=bound, free=dict(free or {}))
+
+
+def require_model(flag_values: flags.FlagValues) -> None:
+    """Generate mode needs ``--model`` (checked before anything reads it)."""
+    if not flag_values.model:
+        raise ValueError("--model is required for generation")
+
+
+def generator_from_flags(flag_values: flags.FlagValues, decode, *, several_processes: bool = False):
+    """The generator that the model flags ask for (``--model``, ``--model_config``, ``--device``,
+    ``--precision``, ``--engine``, ``--batch_size``, ``--mesh``, the compilation flags) with the
+    decoding configuration ``decode``; returns ``(generator, engine name, device)``. Imports JAX.
+
+    One definition for the evaluate command's generate mode and for other front ends that take
+    these flags' values (``alodlm_jax.harness``: lm-eval's ``model_args``). A ``--mesh``, or
+    several processes, decodes on this process's local devices
+    (:func:`alodlm_jax.generate.build_generator`'s ``mesh``).
+    """
+    fv = flag_values
+    require_model(fv)
+    engine = fv.engine  # no fallback: the engine asked for (or the default) runs, or none
+    from alodlm_jax import generate as generation  # imports JAX when it generates
+    from alodlm_jax import sharding
+
+    mesh = sharding.MeshSpec.parse(fv.mesh)
+    generation.check_batch_size(engine, fv.batch_size)
+    sharding.check_layout(mesh, engine, fv.batch_size)
+    device = fv.device or generation.default_device()
+    cache_dir = apply_compilation_flags(fv)
+    scale_out = fv.mesh is not None or several_processes  # local devices, a mesh
+    generator = generation.build_generator(
+        model=fv.model, mesh=mesh if scale_out else None, model_config=fv.model_config,
+        device=device, precision=fv.precision, decode_config=decode, engine=engine,
+        compilation_cache_dir=cache_dir, batch_size=fv.batch_size)
+    return generator, engine, device

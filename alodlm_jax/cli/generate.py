@@ -60,7 +60,7 @@ def _generate() -> int:
     decode = decode_config_from_flags(FLAGS)
     prompt_ids = parse_prompt_ids(FLAGS.prompt_ids) if FLAGS.prompt_ids is not None else None
 
-    from alodlm_jax.generate import Generator, default_device
+    from alodlm_jax.generate import build_generator, default_device
 
     device = FLAGS.device or default_device()
     cache_dir = apply_compilation_flags(FLAGS)
@@ -71,14 +71,10 @@ def _generate() -> int:
             raise FlagError("mesh", "the data axis splits a batch of requests and this command "
                             "decodes one prompt; use model=N here, or alodlm-jax-evaluate "
                             "--mesh data=D --batch_size B for many prompts")
-        generator = sharding.build_generator(
-            model=FLAGS.model, mesh=FLAGS.mesh, model_config=FLAGS.model_config, device=device,
-            precision=FLAGS.precision, decode_config=decode, engine=FLAGS.engine,
-            compilation_cache_dir=cache_dir)
-    else:
-        generator = Generator.load(FLAGS.model, precision=FLAGS.precision, device=device,
-                                   engine=FLAGS.engine, decode_config=decode,
-                                   model_config=FLAGS.model_config, compilation_cache_dir=cache_dir)
+    generator = build_generator(
+        model=FLAGS.model, mesh=FLAGS.mesh, model_config=FLAGS.model_config, device=device,
+        precision=FLAGS.precision, decode_config=decode, engine=FLAGS.engine,
+        compilation_cache_dir=cache_dir)
     if prompt_ids is None:
         prompt_ids = generator.chat_prompt_ids(FLAGS.prompt, thinking=FLAGS.thinking)
     try:

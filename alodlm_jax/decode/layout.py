@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from alodlm_jax import model as M
 from alodlm_jax import sharding as SH
 
 
@@ -140,8 +141,6 @@ class Layout:
 
     def new_cache(self, cfg, t_max: int, dtype, batch: int | None):
         """A zeroed cache (``batch`` slots, or one request's with None), created in its shards."""
-        from alodlm_jax import model as M
-
         def make():
             cache = M.init_cache(cfg, t_max, dtype)
             if batch is None:
@@ -216,88 +215,3 @@ def for_mesh(mesh: Mesh | None) -> Layout:
     if mesh is None or mesh.devices.size == 1:
         return ONE_DEVICE
     return Layout(mesh)
-
-
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
-               "collective-broadcast", "ragged-all-to-all")
-
-
-def collectives(hlo_text: str) -> list[dict]:
-    """The collective instructions of an optimized HLO module's text (``compiled.as_text()``).
-
-    Each: ``kind``, ``op_name`` (the JAX operation it came from, from the metadata),
-    ``replica_groups`` (lists of device ids; ``None`` where the text does not say) and
-    ``branches`` (the ``lax.switch``/``lax.cond`` branch indices on its path). An async
-    ``-start``/``-done`` pair is one instruction.
-    """
-    import re
-
-    found = []
-    for line in hlo_text.splitlines():
-        match = re.search(r"(?<![\w.%-])(" + "|".join(COLLECTIVES) + r")(?:-start)?\(", line)
-        if match is None or " = " not in line:
-            continue
-        name = re.search(r'op_name="([^"]*)"', line)
-        op_name = name.group(1) if name else ""
-        found.append({"kind": match.group(1), "op_name": op_name,
-                      "replica_groups": _replica_groups(line),
-                      "branches": tuple(int(b) for b in re.findall(r"branch_(\d+)_fun", op_name))})
-    return found
-
-
-def _replica_groups(line: str):
-    """``replica_groups=`` as lists of ids: the explicit form ``{{0,1},{2,3}}``, the iota form
-    ``[G,S]<=[N]`` (optionally ``<=[a,b]T(1,0)``) or the mesh-axes form ``mesh['a'=2,'b'=2]
-    {'b'}``; None if absent or another form."""
-    import re
-
-    import numpy as np
-
-    explicit = re.search(r"replica_groups=\{((?:\{[\d,]*\},?)*)\}", line)
-    if explicit:
-        return [[int(x) for x in g.split(",") if x] for g in re.findall(r"\{([\d,]*)\}", explicit.group(1))]
-    named = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
-    if named:  # mesh['a'=2,'b'=1] {'a'}: devices (row-major ids) varying along the named axes
-        axes = re.findall(r"'([^']+)'=(\d+)", named.group(1))
-        over = set(re.findall(r"'([^']+)'", named.group(2)))
-        ids = np.arange(int(np.prod([int(n) for _, n in axes]) or 1)).reshape([int(n) for _, n in axes])
-        moved = [i for i, (a, _) in enumerate(axes) if a not in over] + \
-                [i for i, (a, _) in enumerate(axes) if a in over]
-        size = int(np.prod([int(n) for a, n in axes if a in over]))
-        return ids.transpose(moved).reshape(-1, size).tolist()
-    iota = re.search(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", line)
-    if not iota:
-        return None
-    shape = [int(x) for x in iota.group(1).split(",")]
-    dims = [int(x) for x in iota.group(2).split(",")]
-    ids = np.arange(int(np.prod(dims))).reshape(dims)
-    if iota.group(3):
-        ids = ids.transpose([int(x) for x in iota.group(3).split(",")])
-    return ids.reshape(shape).tolist()
-
-
-def step_collectives(hlo_text: str) -> dict[str, int]:
-    """Collectives one execution of the program's text runs, by ``kind`` and source operation.
-
-    Of a ``lax.switch`` (the engine's row and prefix buckets) only one branch runs: each source is
-    counted in the branch where it occurs most. A loop body counts once: for a batch program (one
-    ``while`` step) that is one step, with a layer stack that runs as a loop counted once per
-    stack (its collectives run once per layer). Keys:
-    ``"<kind> <op>"``, where ``<op>`` is the last two parts of the JAX operation's name (e.g.
-    ``"all-reduce ti,ih->th/dot_general"``, ``"all-reduce jit(_take)/gather"``).
-    """
-    import collections
-    import re
-
-    per_branch: collections.Counter = collections.Counter()
-    for c in collectives(hlo_text):
-        normal = re.sub(r"branch_\d+_fun", "branch", c["op_name"])
-        per_branch[(c["kind"], normal, c["branches"])] += 1
-    best: dict[tuple[str, str], int] = {}
-    for (kind, normal, _), count in per_branch.items():
-        best[(kind, normal)] = max(best.get((kind, normal), 0), count)
-    counts: collections.Counter = collections.Counter()
-    for (kind, normal), count in best.items():
-        source = "/".join(normal.split("/")[-2:])
-        counts[f"{kind} {source}"] += count
-    return dict(sorted(counts.items()))

@@ -11,7 +11,7 @@
 or ``lm_eval.simple_evaluate(model="alodlm-jax", model_args="pretrained=...,q=0.5")`` once this
 module is imported (it registers the name). Keyword arguments are the evaluate command's flags
 (:mod:`alodlm_jax.harness.model_args`); the generator is built exactly as that command builds it
-(:func:`alodlm_jax.cli.evaluate.generator_from_flags`).
+(:func:`alodlm_jax.cli.flags.generator_from_flags`).
 
 ``generate_until``: requests are grouped by their ``(until, max_gen_toks)`` (one lm-eval task's
 requests usually share them); each group decodes on a generator with that budget whose stop ids
@@ -79,10 +79,10 @@ class AlodlmJaxLM(LM):
         super().__init__()
         self.flag_values = margs.parse_model_args(model_args)
         self.decode = margs.decode_config(self.flag_values)
-        from alodlm_jax.cli import evaluate
+        from alodlm_jax.cli.flags import generator_from_flags
 
         try:
-            self.generator, self.engine_name, self._device = evaluate.generator_from_flags(
+            self.generator, self.engine_name, self._device = generator_from_flags(
                 self.flag_values, self.decode)
         except HarnessError:
             raise
@@ -216,7 +216,7 @@ class AlodlmJaxLM(LM):
     def _generator_for(self, plan: _Plan):
         """The generator of a group: the loaded one with the group's budget and stop ids."""
         if plan not in self._generators:
-            from alodlm_jax.decode.compiled import STOP_ID_SLOTS  # the engines' stop-id capacity
+            from alodlm_jax.decode.window import STOP_ID_SLOTS  # the engines' stop-id capacity
 
             base = self.generator
             rule = _until_rule(plan, base)

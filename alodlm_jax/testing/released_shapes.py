@@ -46,7 +46,7 @@ def _layer_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def param_specs(cfg: ModelConfig, dtype=jnp.bfloat16) -> dict:
-    """The per-layer params pytree (DESIGN.md, the layout ``Generator.load`` uses) as
+    """The per-layer params pytree (DESIGN.md, the ordinary load's layout) as
     ``jax.ShapeDtypeStruct``s: enough to compile a program and read XLA's cost analysis."""
     spec = lambda shape, dt=dtype: jax.ShapeDtypeStruct(shape, dt)  # noqa: E731
     h, v = cfg.hidden_size, cfg.vocab_size

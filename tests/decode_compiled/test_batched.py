@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from alodlm_jax.config import DecodeConfig
-from alodlm_jax.decode.batched import BATCH_TIMING
-from alodlm_jax.decode.compiled import TRACE_COUNTS, CompiledEngine
+from alodlm_jax.decode.compiled import CompiledEngine
+from alodlm_jax.decode.scheduler import BATCH_TIMING
+from alodlm_jax.decode.window import TRACE_COUNTS
 from alodlm_jax.decode.result import RESULT_KEYS
 
 from .cases import observable

@@ -1,4 +1,4 @@
-"""Both engines on per-layer weights (the layout ``Generator.load`` uses) and a cache large enough
+"""Both engines on per-layer weights (the ordinary load's layout) and a cache large enough
 for more than one attention bucket: still identical to each other, and the same decoding as the
 stacked layout (tokens, exit depths, counters; hazards to fp32 rounding)."""
 

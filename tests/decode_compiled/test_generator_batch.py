@@ -34,7 +34,7 @@ def test_build_generator_passes_batch_size_and_cache_dir(tmp_path):
               jax.config.jax_persistent_cache_min_entry_size_bytes)
     try:
         gen = build_generator(model=str(DEMO), engine="compiled", batch_size=2,
-                              decode_config=DECODE, compilation_cache_dir=str(tmp_path / "cache"))
+                               decode_config=DECODE, compilation_cache_dir=str(tmp_path / "cache"))
         assert gen.engine.batch_size == 2 and gen.batch_size == 2
         assert jax.config.jax_compilation_cache_dir == str(tmp_path / "cache")
         assert jax.config.jax_persistent_cache_min_compile_time_secs == 0.0
@@ -45,7 +45,7 @@ def test_build_generator_passes_batch_size_and_cache_dir(tmp_path):
 
 
 def test_generate_batch_equals_one_by_one():
-    gen = Generator.load(str(DEMO), engine="compiled", batch_size=2, decode_config=DECODE)
+    gen = build_generator(model=str(DEMO), engine="compiled", batch_size=2, decode_config=DECODE)
     singles = [gen.generate(text) for text in PROMPTS]
     gen.warmup_batches([PROMPTS])
     compiled_before = gen.compile_seconds
@@ -60,7 +60,7 @@ def test_generate_batch_equals_one_by_one():
 
 
 def test_portable_generate_batch_is_one_by_one():
-    gen = Generator.load(str(DEMO), engine="portable", decode_config=DECODE)
+    gen = build_generator(model=str(DEMO), engine="portable", decode_config=DECODE)
     gen.warmup_batches([PROMPTS[:1]])
     assert [r["token_ids"] for r in gen.generate_batch(PROMPTS[:2])] == [
         gen.generate(text)["token_ids"] for text in PROMPTS[:2]]
@@ -153,12 +153,12 @@ def test_evaluate_batch_size_needs_the_compiled_engine(tmp_path, capsys):
 
 
 def test_with_decode_config_shares_the_loaded_model():
-    gen = Generator.load(str(DEMO), engine="compiled", decode_config=DECODE)
+    gen = build_generator(model=str(DEMO), engine="compiled", decode_config=DECODE)
     other_config = DecodeConfig(q=1.0, tau=0.0, max_new_tokens=6, window_size=4, mode="left1")
     other = gen.with_decode_config(other_config)
     assert other.params is gen.params and other.tokenizer is gen.tokenizer
     assert other.decode_config == other_config and gen.decode_config == DECODE
     assert (other.engine_name, other.precision, other.device) == (gen.engine_name, gen.precision,
                                                                   gen.device)
-    fresh = Generator.load(str(DEMO), engine="compiled", decode_config=other_config)
+    fresh = build_generator(model=str(DEMO), engine="compiled", decode_config=other_config)
     assert other.generate(PROMPTS[0])["token_ids"] == fresh.generate(PROMPTS[0])["token_ids"]

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from alodlm_jax.decode.compiled import TRACE_COUNTS, Bucket, CompiledEngine
+from alodlm_jax.decode.compiled import CompiledEngine
+from alodlm_jax.decode.window import TRACE_COUNTS, Bucket
 from alodlm_jax.decode.portable import PortableEngine
 from .cases import make_cases, observable
 

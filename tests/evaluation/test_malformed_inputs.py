@@ -523,7 +523,7 @@ def test_output_that_is_a_file_or_not_fresh(tmp_path, capsys, mode):
 def test_the_unedited_suite_passes_every_check_of_both_modes(tmp_path):
     from alodlm_jax.config import DecodeConfig
     from alodlm_jax.data import resolve_builtin
-    from alodlm_jax.generate import Generator, check_task_prompts
+    from alodlm_jax.generate import build_generator, check_task_prompts
     from alodlm_scoring.evaluation import load_predictions
     from alodlm_scoring.tasks import load_tasks
 
@@ -531,8 +531,9 @@ def test_the_unedited_suite_passes_every_check_of_both_modes(tmp_path):
     tasks = load_tasks(tasks_path)
     assert tasks == SUITE and tasks.lines == [1, 2, 3, 4, 5, 6]
     assert len(load_predictions(predictions_path, tasks)) == len(SUITE)
-    generator = Generator.load(resolve_builtin("builtin:tiny"), device="cpu", engine="portable",
-                               decode_config=DecodeConfig(max_new_tokens=8, window_size=4))
+    generator = build_generator(model=resolve_builtin("builtin:tiny"), device="cpu",
+                                engine="portable",
+                                decode_config=DecodeConfig(max_new_tokens=8, window_size=4))
     check_task_prompts(generator, tasks)  # raises for a prompt the decoder would refuse
 
 

@@ -67,11 +67,11 @@ def setup(tmp_path_factory):
     """The task directory, with an until word the tiny model writes in the middle of an answer
     (found from its full generations), and those full generations."""
     from alodlm_jax.config import DecodeConfig
-    from alodlm_jax.generate import Generator
+    from alodlm_jax.generate import build_generator
 
     root = tmp_path_factory.mktemp("lm_eval")
-    generator = Generator.load(TINY, device="cpu", engine="compiled",
-                               decode_config=DecodeConfig(**DECODE, max_new_tokens=MAX_GEN_TOKS))
+    generator = build_generator(model=TINY, device="cpu", engine="compiled",
+                                decode_config=DecodeConfig(**DECODE, max_new_tokens=MAX_GEN_TOKS))
     full = {prompt: generator.generate(prompt) for prompt in PROMPTS}
     counts = collections.Counter(
         token for result in full.values() for token in set(result["token_ids"][1:])

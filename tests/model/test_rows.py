@@ -6,16 +6,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from alodlm_jax import model as M
+from alodlm_jax import rows as R
 
 
 @pytest.mark.parametrize("counts", [[3, 0, 5, 1], [0, 0, 0, 0], [8, 8, 8, 8], [0, 2, 0, 0]])
 def test_row_map_packs_each_requests_rows_in_order(counts):
     batch, rows = len(counts), 8
-    size = max(M.row_totals(batch, rows))
+    size = max(R.row_totals(batch, rows))
     x = jnp.arange(batch * rows * 3, dtype=jnp.float32).reshape(batch, rows, 3) + 1
-    m = M.row_map(jnp.asarray(counts), size)
-    packed = np.asarray(M.to_rows(x, m))
+    m = R.row_map(jnp.asarray(counts), size)
+    packed = np.asarray(R.to_rows(x, m))
     expected = [np.asarray(x[b, a]) for b in range(batch) for a in range(counts[b])]
     total = sum(counts)
     np.testing.assert_array_equal(packed[:total], np.asarray(expected).reshape(total, 3))
@@ -23,32 +23,32 @@ def test_row_map_packs_each_requests_rows_in_order(counts):
     np.testing.assert_array_equal(np.asarray(m.valid), np.arange(size) < total)
     # Back to the padded layout: each request's rows, the fill elsewhere.
     fill = jnp.full_like(x, -1.0)
-    back = np.asarray(M.from_rows(M.to_rows(x, m), m, rows, fill=fill))
+    back = np.asarray(R.from_rows(R.to_rows(x, m), m, rows, fill=fill))
     for b in range(batch):
         np.testing.assert_array_equal(back[b, :counts[b]], np.asarray(x[b, :counts[b]]))
         assert (back[b, counts[b]:] == -1).all()
 
 
 def test_row_totals_cover_a_full_batch_and_an_emptying_one():
-    assert M.row_totals(8, 32) == (64, 128, 160, 192, 256)
-    assert M.row_totals(1, 8) == (2, 4, 5, 6, 8)
-    assert max(M.row_totals(3, 6)) == 18
+    assert R.row_totals(8, 32) == (64, 128, 160, 192, 256)
+    assert R.row_totals(1, 8) == (2, 4, 5, 6, 8)
+    assert max(R.row_totals(3, 6)) == 18
 
 
 @pytest.mark.parametrize("counts,lanes", [([3, 0, 5, 1], 3), ([0, 2, 0, 0], 1), ([0, 2, 0, 0], 2),
                                           ([8, 8, 8, 8], 4), ([0, 0, 0, 0], 2)])
 def test_lanes_hold_the_requests_with_rows_in_order(counts, lanes):
     batch, rows = len(counts), 8
-    size = max(M.row_totals(batch, rows))
+    size = max(R.row_totals(batch, rows))
     x = jnp.arange(batch * rows * 3, dtype=jnp.float32).reshape(batch, rows, 3) + 1
-    m = M.row_map(jnp.asarray(counts), size, lanes)
+    m = R.row_map(jnp.asarray(counts), size, lanes)
     with_rows = [b for b in range(batch) if counts[b]]
     assert np.asarray(m.lane)[:len(with_rows)].tolist() == with_rows
     assert np.asarray(m.lane_valid).tolist() == [a < len(with_rows) for a in range(lanes)]
     # Compact rows -> lanes: each lane holds its request's rows, zeros past them and in lanes
     # left over; and back to compact rows unchanged.
-    compact = M.to_rows(x, m)
-    in_lanes = np.asarray(M.to_lanes(compact, m, rows))
+    compact = R.to_rows(x, m)
+    in_lanes = np.asarray(R.to_lanes(compact, m, rows))
     assert in_lanes.shape == (lanes, rows, 3)
     for a in range(lanes):
         b = with_rows[a] if a < len(with_rows) else None
@@ -56,18 +56,18 @@ def test_lanes_hold_the_requests_with_rows_in_order(counts, lanes):
         if b is not None:
             np.testing.assert_array_equal(in_lanes[a, :n], np.asarray(x[b, :n]))
         assert not in_lanes[a, n:].any()
-    np.testing.assert_array_equal(np.asarray(M.from_lanes(jnp.asarray(in_lanes), m)), np.asarray(compact))
+    np.testing.assert_array_equal(np.asarray(R.from_lanes(jnp.asarray(in_lanes), m)), np.asarray(compact))
     # Per-lane values back to their requests; requests without rows get zeros.
     per_lane = jnp.arange(lanes, dtype=jnp.int32) + 10
     expected = [10 + with_rows.index(b) if counts[b] else 0 for b in range(batch)]
-    assert np.asarray(M.lanes_to_batch(per_lane, m)).tolist() == expected
+    assert np.asarray(R.lanes_to_batch(per_lane, m)).tolist() == expected
 
 
 def test_step_shapes_bound_the_lanes_and_the_last_holds_every_step():
-    assert M.step_shapes(8, 32) == ((64, 4), (128, 8), (160, 8), (192, 8), (256, 8))
-    assert M.step_shapes(1, 32) == ((8, 1), (16, 1), (20, 1), (24, 1), (32, 1))
-    shapes = M.step_shapes(8, 32)
-    pick = lambda counts: shapes[int(M.step_shape_index(shapes, jnp.asarray(counts)))]  # noqa: E731
+    assert R.step_shapes(8, 32) == ((64, 4), (128, 8), (160, 8), (192, 8), (256, 8))
+    assert R.step_shapes(1, 32) == ((8, 1), (16, 1), (20, 1), (24, 1), (32, 1))
+    shapes = R.step_shapes(8, 32)
+    pick = lambda counts: shapes[int(R.step_shape_index(shapes, jnp.asarray(counts)))]  # noqa: E731
     assert pick([20, 0, 0, 0, 0, 0, 0, 0]) == (64, 4)  # the tail: one request, half the lanes
     assert pick([16, 16, 16, 16, 0, 0, 0, 0]) == (64, 4)
     # Few rows but more requests than the small shape's lanes: a larger shape, never a wrong one.

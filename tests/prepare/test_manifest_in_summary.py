@@ -106,9 +106,10 @@ class _FixedGenerator:
 
 
 def test_generate_mode_summary_carries_the_manifest(suite, tmp_path, capsys, monkeypatch):
+    from alodlm_jax import generate
     from alodlm_jax.data import BUILTINS
 
-    monkeypatch.setattr(evaluate, "build_generator", lambda *args, **kwargs: _FixedGenerator())
+    monkeypatch.setattr(generate, "build_generator", lambda *args, **kwargs: _FixedGenerator())
     output = tmp_path / "generated"
     model = str(BUILTINS["builtin:tiny"])  # recorded in run.json; the generator is the fake one
     status = evaluate.main(["alodlm-jax-evaluate", "--model", model, "--input", str(suite),

@@ -101,13 +101,13 @@ def test_a_sweep_over_windows_and_budgets_stays_within_a_fixed_number_of_maps():
     sweep's reuse of a loaded model), single requests and batches (four programs a shape) with a
     bound of four programs: the map count levels off after the first shape, and a shape decoded
     again after its programs were dropped gives the same tokens."""
-    from alodlm_jax.generate import Generator
+    from alodlm_jax.generate import build_generator
 
     before = programs.PROGRAMS.max_programs
     programs.PROGRAMS.clear()  # nothing of earlier tests in the count
     programs.set_max_programs(4)
     try:
-        base = Generator.load(BUILTINS["builtin:tiny"], engine="compiled", batch_size=2)
+        base = build_generator(model=BUILTINS["builtin:tiny"], engine="compiled", batch_size=2)
         prompts = ["alpha beta", "gamma"]
         first, counts = None, [memory_maps()]
         for window in (1, 2):

@@ -97,10 +97,10 @@ def _worker(layouts: list[list]) -> dict:
     import jax
 
     import alodlm_jax.data
-    from alodlm_jax import sharding
+    from alodlm_jax.generate import build_generator
     from alodlm_jax.config import DecodeConfig
     from alodlm_jax.decode import batched
-    from alodlm_jax.decode.layout import collectives, step_collectives
+    from alodlm_jax.analysis import collectives, step_collectives
 
     assert len(jax.local_devices()) == 4, jax.local_devices()
     model_dir = str(pathlib.Path(alodlm_jax.data.__file__).parent / "tiny_checkpoint")
@@ -113,14 +113,14 @@ def _worker(layouts: list[list]) -> dict:
                  "first_pass_halt_probabilities": o.first_pass_halt_probabilities} for o in outs]
 
     def build(mesh, batch_size):
-        gen = sharding.build_generator(model=model_dir, mesh=mesh, device="cpu", precision="fp32",
-                                       decode_config=decode, engine="compiled", batch_size=batch_size)
+        gen = build_generator(model=model_dir, mesh=mesh, device="cpu", precision="fp32",
+                              decode_config=decode, engine="compiled", batch_size=batch_size)
         # Token 23 comes up mid-output for a few prompts (seen on this checkpoint): those end with
         # "eos" and free their slot early. Stop ids are a runtime input of the programs.
         gen.engine.stop_ids = [2, 23]
         return gen
 
-    reference = build(None, 1)
+    reference = build("model=1", 1)  # one device, loaded as the meshes load
     report: dict = {"reference": outputs(reference.engine, 1), "layouts": {}}
     cfg = reference.cfg
     for mesh, batch_size in layouts:

@@ -184,7 +184,7 @@ def test_two_processes_each_tensor_parallel(setup):
 
 def batched_layout() -> dict:
     """The protocol's record of 2 processes x (data=2, batch 4), in the protocol's key order."""
-    from alodlm_jax.decode.batched import BATCH_TIMING
+    from alodlm_jax.decode.scheduler import BATCH_TIMING
 
     return {"batch_size": 4, "batch_timing": BATCH_TIMING, "mesh": {"data": 2, "model": 1},
             "num_processes": 2}

@@ -119,6 +119,7 @@ def _worker(args: dict) -> dict:
     import numpy as np
 
     from alodlm_jax import sharding
+    from alodlm_jax.generate import build_generator
     from alodlm_jax.config import DecodeConfig
     from alodlm_jax.model import looped_forward
     from alodlm_jax.params import load_model
@@ -153,18 +154,18 @@ def _worker(args: dict) -> dict:
     decode = DecodeConfig(q=1.0, tau=1.0, window_size=4, max_new_tokens=24)
 
     def run(name, model_dir, mesh):
-        gen = sharding.build_generator(model=model_dir, mesh=mesh, device="cpu", precision="fp32",
+        gen = build_generator(model=model_dir, mesh=mesh, device="cpu", precision="fp32",
                                        decode_config=decode, engine="portable")
         report["decode"][name] = [gen.generate_ids(p) for p in (PROMPTS if full else PROMPTS[:2])]
         return gen
 
     if full:
-        run("hf4/single", paths["hf4"], None)
+        run("hf4/single", paths["hf4"], "model=1")
         run("conv4/model=2", paths["conv4"], "model=2")
-        run("hf2/single", paths["hf2"], None)
+        run("hf2/single", paths["hf2"], "model=1")
         run("hf2/model=2", paths["hf2"], "model=2")
     else:
-        run("hf4/single", paths["hf4"], None)
+        run("hf4/single", paths["hf4"], "model=1")
         gen = run("hf4/model=4", paths["hf4"], "model=4")
         cache = gen.engine._cache
         report["cache_spec"]["hf4/model=4"] = {
