@@ -1,0 +1,100 @@
+"""The plan's reading of an optimized program: loops counted as often as they run, the heaviest
+branch of a switch, kernels and the bytes of their operands and results."""
+
+from alodlm_jax.plan import hlo
+
+MODULE = """HloModule jit_f, entry_computation_layout={(bf16[1024,1024]{1,0}, s32[])->bf16[8,1024]{1,0}}
+
+%fused_dot (p0: bf16[8,1024], p1: bf16[1024,1024]) -> bf16[8,1024] {
+  %p0 = bf16[8,1024]{1,0} parameter(0)
+  %p1 = bf16[1024,1024]{1,0} parameter(1)
+  ROOT %dot = bf16[8,1024]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%small (a: bf16[8,1024]) -> bf16[8,1024] {
+  %a = bf16[8,1024]{1,0} parameter(0)
+  ROOT %neg = bf16[8,1024]{1,0} negate(%a)
+}
+
+%big (b: bf16[8,1024]) -> bf16[8,1024] {
+  %b = bf16[8,1024]{1,0} parameter(0)
+  %n1 = bf16[8,1024]{1,0} negate(%b)
+  ROOT %n2 = bf16[8,1024]{1,0} negate(%n1)
+}
+
+%layers_body (t: (s32[], bf16[8,1024], bf16[1024,1024])) -> (s32[], bf16[8,1024], bf16[1024,1024]) {
+  %t = (s32[], bf16[8,1024]{1,0}, bf16[1024,1024]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %x = bf16[8,1024]{1,0} get-tuple-element(%t), index=1
+  %w = bf16[1024,1024]{1,0} get-tuple-element(%t), index=2
+  %f = bf16[8,1024]{1,0} fusion(%x, %w), kind=kOutput, calls=%fused_dot
+  %one = s32[] constant(1)
+  %j = s32[] add(%i, %one)
+  ROOT %r = (s32[], bf16[8,1024]{1,0}, bf16[1024,1024]{1,0}) tuple(%j, %f, %w)
+}
+
+%layers_cond (t: (s32[], bf16[8,1024], bf16[1024,1024])) -> pred[] {
+  %t = (s32[], bf16[8,1024]{1,0}, bf16[1024,1024]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %limit = s32[] constant(28)
+  ROOT %lt = pred[] compare(%i, %limit), direction=LT
+}
+
+%step_body (t: (s32[], bf16[8,1024], bf16[1024,1024], s32[])) -> (s32[], bf16[8,1024], bf16[1024,1024], s32[]) {
+  %t = (s32[], bf16[8,1024]{1,0}, bf16[1024,1024]{1,0}, s32[]) parameter(0)
+  %x = bf16[8,1024]{1,0} get-tuple-element(%t), index=1
+  %w = bf16[1024,1024]{1,0} get-tuple-element(%t), index=2
+  %zero = s32[] constant(0)
+  %start = s32[] copy(%zero)
+  %inner = (s32[], bf16[8,1024]{1,0}, bf16[1024,1024]{1,0}) tuple(%start, %x, %w)
+  %loop = (s32[], bf16[8,1024]{1,0}, bf16[1024,1024]{1,0}) while(%inner), condition=%layers_cond, body=%layers_body
+  %y = bf16[8,1024]{1,0} get-tuple-element(%loop), index=1
+  %k = s32[] get-tuple-element(%t), index=3
+  %c = bf16[8,1024]{1,0} conditional(%k, %y, %y), branch_computations={%small, %big}
+  %i = s32[] get-tuple-element(%t), index=0
+  ROOT %r = (s32[], bf16[8,1024]{1,0}, bf16[1024,1024]{1,0}, s32[]) tuple(%i, %c, %w, %k)
+}
+
+%step_cond (t: (s32[], bf16[8,1024], bf16[1024,1024], s32[])) -> pred[] {
+  %t = (s32[], bf16[8,1024]{1,0}, bf16[1024,1024]{1,0}, s32[]) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %k = s32[] get-tuple-element(%t), index=3
+  ROOT %lt = pred[] compare(%i, %k), direction=LT
+}
+
+ENTRY %main (w: bf16[1024,1024], n: s32[]) -> bf16[8,1024] {
+  %w = bf16[1024,1024]{1,0} parameter(0)
+  %n = s32[] parameter(1)
+  %x0 = bf16[8,1024]{1,0} broadcast(%n), dimensions={}
+  %z = s32[] constant(0)
+  %init = (s32[], bf16[8,1024]{1,0}, bf16[1024,1024]{1,0}, s32[]) tuple(%z, %x0, %w, %n)
+  %steps = (s32[], bf16[8,1024]{1,0}, bf16[1024,1024]{1,0}, s32[]) while(%init), condition=%step_cond, body=%step_body
+  ROOT %out = bf16[8,1024]{1,0} get-tuple-element(%steps), index=1
+}
+"""
+
+ACT = 8 * 1024 * 2  # bytes of one bf16[8,1024]
+WEIGHT = 1024 * 1024 * 2
+
+
+def test_a_step_counts_its_inner_loop_as_often_as_it_runs_and_the_heaviest_branch():
+    module = hlo.parse(MODULE)
+    step = hlo.step_cost(module)
+    # 28 times the layer body and condition (the fusion: activation and weight in, activation
+    # out; the counter's add: 3 scalars; its compare: 2 scalars, a predicate), the heavier branch
+    # (two negations), the copy of the counter's start, the step condition's compare.
+    assert step.kernels == 28 * 3 + 2 + 1 + 1
+    assert step.bytes == 28 * (2 * ACT + WEIGHT + 12 + 9) + 2 * (2 * ACT) + 8 + 9
+    assert step.unknown == 0
+
+
+def test_the_whole_program_counts_a_loop_of_unknown_trip_count_once_and_says_so():
+    module = hlo.parse(MODULE)
+    whole = hlo.program_cost(module)
+    assert whole.unknown == 1
+    assert whole.kernels == hlo.step_cost(module).kernels + 1  # the broadcast
+    assert hlo.step_cost(module, depth=2) is None  # the layer loop has a known count: no step
+
+
+def test_fusions_are_counted_in_the_program_text():
+    assert hlo.count_fusions(MODULE) == 1
