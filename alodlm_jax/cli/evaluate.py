@@ -23,6 +23,7 @@ from alodlm_jax.cli.flags import (apply_compilation_flags, code_scoring_from_fla
                                   define_compilation_flags, define_decode_flags,
                                   define_model_flags, run_command)
 from alodlm_jax.config import DEFAULT_ENGINE, ENGINE_NAMES, ENGINES, DecodeConfig
+from alodlm_jax.plan.auto import BATCH_AUTO, BatchSizeParser
 
 PROG = "alodlm-jax-evaluate"
 FLAGS = flags.FlagValues()
@@ -68,12 +69,15 @@ flags.DEFINE_boolean("resume", False, "Continue an interrupted run in --output: 
                      "neighbours changed; tokens, counters and verdicts identical).",
                      flag_values=FLAGS)
 define_compilation_flags(FLAGS)  # generate mode
-flags.DEFINE_integer("batch_size", 1, "Generate mode: N tasks decoded together by one compiled "
-                     "program, a finished task's slot taking the next waiting task (continuous "
-                     "batching; needs the compiled engine; with --mesh data=D a multiple of D, "
-                     "with several processes per process). Each row equals decoding its task "
-                     "alone; its wall_seconds is its prefill plus an even share of each batch run "
-                     "it took part in. Recorded in the protocol when > 1.", flag_values=FLAGS)
+flags.DEFINE(BatchSizeParser(), "batch_size", 1, "Generate mode: N tasks decoded together by one compiled "
+             "program, a finished task's slot taking the next waiting task (continuous "
+             "batching; needs the compiled engine; with --mesh data=D a multiple of D, "
+             "with several processes per process). Each row equals decoding its task "
+             "alone; its wall_seconds is its prefill plus an even share of each batch run "
+             "it took part in. Recorded in the protocol when > 1. auto: the largest batch whose "
+             "programs fit the device (alodlm_jax.plan.auto; at most the number of tasks), "
+             "recorded with how it was chosen as protocol.batch_size_auto.",
+             flag_values=FLAGS, serializer=flags.ArgumentSerializer())
 # Scaling out (alodlm_jax.sharding, alodlm_jax.distributed; docs/scaling.md).
 flags.DEFINE_string("mesh", None, "Generate mode: a (data, model) mesh over this process's local "
                     "devices, e.g. model=4, data=8 or data=2,model=4: model splits the weights "
@@ -224,9 +228,10 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
     from alodlm_scoring.manifest import suite_manifest
     from alodlm_scoring.tasks import sha256_file
 
-    batch_size = FLAGS.batch_size
     input_sha256 = sha256_file(FLAGS.input)
     manifest = suite_manifest(FLAGS.input)
+    batch_auto = _resolve_batch_size(tasks, decode) if FLAGS.batch_size == BATCH_AUTO else None
+    batch_size = FLAGS.batch_size
     generator, engine, device = generator_from_flags(
         FLAGS, decode, several_processes=_process_info is not None)
     from alodlm_jax import sharding
@@ -269,8 +274,10 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
         )
         layout = sharding.layout_record(mesh, 1 if _process_info is None else
                                         _process_info.num_processes)
-        if batch_size > 1 or layout:  # after the project's keys; a batch-1 block is unchanged
-            block["batch_size"] = batch_size
+        if batch_size > 1 or layout or batch_auto:  # after the project's keys; a batch-1 block
+            block["batch_size"] = batch_size            # is unchanged
+        if batch_auto:
+            block["batch_size_auto"] = batch_auto
         if batch_size > 1:
             from alodlm_jax.decode.batched import BATCH_TIMING
 
@@ -294,6 +301,26 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
         workers=FLAGS.workers, progress=progress, overlap=FLAGS.overlap_scoring,
         **_code_scoring(),
     )
+
+
+def _resolve_batch_size(tasks: Sequence[Mapping[str, Any]], decode: DecodeConfig) -> dict:
+    """``--batch_size auto``: sets FLAGS.batch_size to the largest batch whose programs fit the
+    device (alodlm_jax.plan.auto); returns the protocol's record of the choice."""
+    if FLAGS.engine != "compiled":
+        raise ValueError("--batch_size auto needs --engine compiled")
+    from alodlm_jax import sharding
+    from alodlm_jax.generate import default_device
+    from alodlm_jax.plan.auto import auto_batch_size
+
+    chosen, record = auto_batch_size(
+        model=FLAGS.model, precision=FLAGS.precision, model_config=FLAGS.model_config,
+        decode=decode, prompts=[task["prompt"] for task in tasks],
+        device=FLAGS.device or default_device(), mesh_spec=sharding.MeshSpec.parse(FLAGS.mesh),
+        log=lambda text: print(f"{PROG}: --batch_size auto: {text}", file=sys.stderr, flush=True))
+    FLAGS.batch_size = chosen
+    print(f"{PROG}: --batch_size auto: {chosen} (largest that fits: {record['largest_that_fits']}, "
+          f"{len(tasks)} tasks)", file=sys.stderr, flush=True)
+    return record
 
 
 def _code_scoring() -> dict:
@@ -341,7 +368,7 @@ def _evaluate() -> int:
     code_scoring_from_flags(FLAGS)
     if FLAGS.workers < 1:
         raise ValueError("--workers must be at least 1")
-    if FLAGS.batch_size < 1:
+    if FLAGS.batch_size != BATCH_AUTO and FLAGS.batch_size < 1:
         raise ValueError("--batch_size must be at least 1")
     progress = ProgressReporter(sys.stderr, label="rescored" if FLAGS.predictions else "evaluated")
     if FLAGS.predictions is not None:  # step 4

@@ -151,7 +151,7 @@ def max_batch_size(programs: list[dict], capacity: int | None, data: int = 1) ->
 
 
 def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: int, mesh_spec=None,
-         programs=None, log=None) -> dict:
+         programs=None, batch_programs: bool = False, log=None) -> dict:
     """Compiles evaluate's programs for ``target`` and returns the plan record (module
     docstring). ``mesh_spec``: an :class:`alodlm_jax.sharding.MeshSpec` over the target's
     devices (None: one device). ``log(text)`` hears about each compile as it starts."""
@@ -169,7 +169,8 @@ def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: in
         data = mesh_spec.data
     names = programs
     programs, bucket = evaluate_programs(cfg, params_spec, decode, prompt_tokens=prompt_tokens,
-                                         batch_size=batch_size, layout=layout)
+                                         batch_size=batch_size, layout=layout,
+                                         batch_programs=batch_programs)
     records = []
     for program in programs:
         if names is not None and program.name not in names:
@@ -206,7 +207,8 @@ def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: in
         "max_new_tokens": decode.max_new_tokens,
         "programs": records,
         "fits": all(r["fits"] is not False for r in records),
-        "max_batch_size": max_batch_size([r for r in records if r["batch"] > 1] or records,
+        "max_batch_size": max_batch_size([r for r in records if r["name"] in ("batch", "admit")]
+                                         or records,
                                          target.capacity_bytes, data),
         "jax": jax.__version__,
     }

@@ -41,10 +41,11 @@ class PlannedProgram:
 
 
 def evaluate_programs(cfg, params_spec, decode, *, prompt_tokens: int, batch_size: int,
-                      layout=None) -> tuple[list[PlannedProgram], Any]:
+                      layout=None, batch_programs: bool = False) -> tuple[list[PlannedProgram], Any]:
     """The programs evaluate compiles for a suite whose longest prompt has ``prompt_tokens``
     tokens, and the bucket they share. ``layout``: a :class:`alodlm_jax.decode.layout.Layout`
-    (a mesh), or None for one device."""
+    (a mesh), or None for one device. ``batch_programs``: the batch and admit programs even at
+    batch 1 (what ``CompiledEngine.generate_batch`` runs there)."""
     from alodlm_jax.decode import batched
     from alodlm_jax.decode import compiled as C
     from alodlm_jax.decode.layout import ONE_DEVICE
@@ -57,7 +58,7 @@ def evaluate_programs(cfg, params_spec, decode, *, prompt_tokens: int, batch_siz
         params_spec)
     consts = layout.spec(jax.eval_shape(engine.consts))
     i32 = layout.spec(jax.ShapeDtypeStruct((), jnp.int32))
-    if batch_size == 1:
+    if batch_size == 1 and not batch_programs:
         bucket = engine.bucket_for(prompt_tokens)
         cache = engine.cache_spec(bucket, batched=False)
         prompt = layout.spec(jax.ShapeDtypeStruct((bucket.prompt_bucket,), jnp.int32))

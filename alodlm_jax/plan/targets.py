@@ -6,7 +6,8 @@ this process has.
 * ``NAME.txtpb``: a GPU, as XLA:GPU's target description (``GpuTargetConfigProto`` text) written
   from the vendor's public specifications; the plan reads its ``device_memory_size`` (capacity)
   and ``memory_bandwidth`` (bytes/s). Compiled with ``jax-cuda12-plugin`` and ``jax-cuda12-pjrt``
-  (no CUDA libraries, no GPU).
+  and the CUDA compiler (``ptxas``: ``nvidia-cuda-nvcc-cu12`` or a CUDA toolkit); no CUDA runtime
+  libraries, no GPU.
 * ``NAME.json``: a TPU, by libtpu's topology name (``"topology"``), with its HBM per chip
   (``"memory_bytes_per_chip"``) and bandwidth (``"bandwidth_bytes_per_second"``). Compiled with
   libtpu (``jax[tpu]``), no TPU attached.
@@ -23,10 +24,12 @@ import importlib.util
 import json
 import pathlib
 import re
+import shutil
 
 from alodlm_jax.data import DATA_DIR
 
-__all__ = ["Target", "TARGETS_DIR", "target_names", "load_target", "missing_extra", "AOT_INSTALL"]
+__all__ = ["Target", "TARGETS_DIR", "target_names", "load_target", "attached_target",
+           "missing_extra", "AOT_INSTALL"]
 
 TARGETS_DIR = DATA_DIR / "targets"
 AOT_INSTALL = "python -m pip install 'alodlm-jax[aot]' (from a checkout: python -m pip install -e '.[aot]')"
@@ -45,6 +48,7 @@ class Target:
     topology: str | None = None  # libtpu's topology name (tpu)
     target_config: str | None = None  # GpuTargetConfigProto text (gpu)
     source: str | None = None  # the data file
+    platform: str | None = None  # attached: the JAX platform (None: the default backend)
 
     def devices(self) -> list:
         """The target's devices: compile-only ones for a named accelerator."""
@@ -53,7 +57,7 @@ class Target:
         if self.kind == "cpu":
             return jax.devices("cpu")
         if self.kind == "attached":
-            return jax.devices()
+            return jax.devices(self.platform) if self.platform else jax.devices()
         from jax.experimental import topologies
 
         if self.kind == "tpu":
@@ -87,7 +91,7 @@ def load_target(name: str) -> Target:
 
         return Target("cpu", "cpu", "XLA:CPU on this machine", psutil.virtual_memory().total)
     if name == "attached":
-        return _attached()
+        return attached_target()
     gpu, tpu = TARGETS_DIR / f"{name}.txtpb", TARGETS_DIR / f"{name}.json"
     if "/" not in name and gpu.is_file():
         text = gpu.read_text()
@@ -108,10 +112,12 @@ def load_target(name: str) -> Target:
     raise ValueError(f"--target: unknown target {name!r}; choose one of: {', '.join(target_names())}")
 
 
-def _attached() -> Target:
+def attached_target(platform: str | None = None) -> Target:
+    """The devices this process has on ``platform`` (None: JAX's default backend); capacity from
+    the first device's ``bytes_limit`` (the machine's memory on a CPU)."""
     import jax
 
-    device = jax.devices()[0]
+    device = (jax.devices(platform) if platform else jax.devices())[0]
     capacity = None
     try:
         stats = device.memory_stats() or {}
@@ -123,7 +129,7 @@ def _attached() -> Target:
 
         capacity = psutil.virtual_memory().total
     return Target("attached", "attached", f"{device.platform}: {device.device_kind}",
-                  None if capacity is None else int(capacity))
+                  None if capacity is None else int(capacity), platform=platform)
 
 
 def missing_extra(target: Target) -> str | None:
@@ -133,6 +139,9 @@ def missing_extra(target: Target) -> str | None:
         needed = {"libtpu": "jax[tpu]"}
     elif target.kind == "gpu":
         needed = {"jax_cuda12_plugin": "jax-cuda12-plugin", "jax_plugins.xla_cuda12": "jax-cuda12-pjrt"}
+        if not (_importable("nvidia.cuda_nvcc") or shutil.which("ptxas")
+                or pathlib.Path("/usr/local/cuda/bin/ptxas").is_file()):
+            needed["nvidia.cuda_nvcc"] = "nvidia-cuda-nvcc-cu12 (ptxas)"
     else:
         return None
     absent = [package for module, package in needed.items() if not _importable(module)]

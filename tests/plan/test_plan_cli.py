@@ -1,7 +1,6 @@
 """alodlm-jax-plan: compile the tiny checkpoint's programs for a GPU and a TPU target without
 either (the aot extra), the JSON it writes, a batch that cannot fit, the missing extra."""
 
-import importlib.util
 import json
 
 import pytest
@@ -14,8 +13,8 @@ pytestmark = pytest.mark.jax_backend
 
 TINY = ["--model", "builtin:tiny", "--prompt_tokens", "20", "--max_new_tokens", "32",
         "--window_size", "4"]
-HAVE_TPU = importlib.util.find_spec("libtpu") is not None
-HAVE_GPU = all(targets._importable(m) for m in ("jax_cuda12_plugin", "jax_plugins.xla_cuda12"))
+HAVE_TPU = targets.missing_extra(targets.load_target("v5p")) is None
+HAVE_GPU = targets.missing_extra(targets.load_target("h200")) is None
 
 
 def _run(tmp_path, *args):
