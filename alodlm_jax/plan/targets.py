@@ -61,8 +61,16 @@ class Target:
         from jax.experimental import topologies
 
         if self.kind == "tpu":
-            return list(topologies.get_topology_desc(topology_name=self.topology,
-                                                     platform="tpu").devices)
+            try:
+                return list(topologies.get_topology_desc(topology_name=self.topology,
+                                                         platform="tpu").devices)
+            except jax.errors.JaxRuntimeError as error:
+                if "lockfile" not in str(error):
+                    raise
+                raise ValueError("libtpu is held by another process on this machine (one at a "
+                                 "time; a JAX process started without JAX_PLATFORMS=cpu holds it "
+                                 "while it runs): wait for it, or start it with JAX_PLATFORMS=cpu"
+                                 ) from None
         return list(topologies.get_topology_desc(self.name, "cuda", target_config=self.target_config,
                                                  topology="1x1x1").devices)
 
