@@ -145,7 +145,8 @@ def format_plan(record: dict) -> str:
             lines.append(f"    per step: {_gb(p['bytes_per_step'])} moved, floor "
                          f"{_gb(p['floor_bytes_per_step'])} ({ratio:.2f}x), {p['kernels_per_step']} "
                          f"kernels{rate}")
-    lines.append(f"largest batch that fits: {record['max_batch_size']}")
+    lines.append(f"largest batch that fits: {record['max_batch_size']} (from "
+                 f"{record['max_batch_size_basis']})")
     return "\n".join(lines) + "\n"
 
 

@@ -151,7 +151,8 @@ def max_batch_size(programs: list[dict], capacity: int | None, data: int = 1) ->
 
 
 def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: int, mesh_spec=None,
-         programs=None, batch_programs: bool = False, log=None) -> dict:
+         programs=None, batch_programs: bool = False, save_hlo: str | None = None,
+         log=None) -> dict:
     """Compiles evaluate's programs for ``target`` and returns the plan record (module
     docstring). ``mesh_spec``: an :class:`alodlm_jax.sharding.MeshSpec` over the target's
     devices (None: one device). ``log(text)`` hears about each compile as it starts."""
@@ -189,6 +190,14 @@ def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: in
             continue
         seconds = time.perf_counter() - start
         records.append(_analyse(program, compiled, seconds, target, floor))
+        if save_hlo:
+            import gzip
+            import pathlib
+
+            path = pathlib.Path(save_hlo) / f"{program.name}.hlo.gz"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with gzip.open(path, "wt", encoding="utf-8") as handle:
+                handle.write(compiled.as_text() or "")
         del compiled
     return {
         "target": target.record(),
@@ -210,6 +219,11 @@ def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: in
         "max_batch_size": max_batch_size([r for r in records if r["name"] in ("batch", "admit")]
                                          or records,
                                          target.capacity_bytes, data),
+        "max_batch_size_basis": (
+            f"the batch and admit programs at batch {batch_size}, memory beyond the weights "
+            f"proportional to the batch" if any(r["name"] in ("batch", "admit") for r in records)
+            else "the single-request programs (batch 1), memory beyond the weights per request; "
+                 "plan --batch_size 2 or more for the batch programs' figure"),
         "jax": jax.__version__,
     }
 

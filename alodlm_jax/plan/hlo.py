@@ -7,8 +7,9 @@ counts each loop body as often as it runs:
 * a *kernel* is an instruction of a non-fused computation that does work on the device: a fusion,
   a library call (``custom-call``: cuBLAS, cuDNN, ...), a copy, a collective, any other op that is
   not bookkeeping (parameter, tuple, get-tuple-element, constant, bitcast, control flow). Its
-  bytes are those of its operands and results (the figure XLA's cost model starts from; an
-  in-place update of a large buffer is charged the whole buffer, as XLA charges it);
+  bytes are those of its operands and results, except where the program says it touches less
+  (:meth:`Module.kernel_bytes`): an operand read only through slices is charged the slices, and
+  a buffer updated in place (a cache write) only the update, not the whole buffer;
 * a ``while`` runs its body and condition ``n`` times: ``n`` from XLA's ``known_trip_count``
   annotation, or from a condition ``i < N`` with ``i`` starting at a constant; otherwise 1 (the
   loop is then listed in ``unknown_trip_counts``);
@@ -171,10 +172,35 @@ class Module:
                         if c in self.computations), Cost())
         if instr.opcode in _NOT_KERNELS:
             return Cost()
-        moved = _type_bytes(instr.type_text) + sum(
-            _type_bytes(computation.by_name[o].type_text) for o in instr.operands
-            if o in computation.by_name)
-        return Cost(kernels=1, bytes=moved)
+        return Cost(kernels=1, bytes=self.kernel_bytes(computation, instr))
+
+    def kernel_bytes(self, computation: Computation, instr: Instruction) -> int:
+        """Bytes a kernel reads and writes: its operands and results, except that an operand
+        read only through slices (``dynamic-slice``, ``gather``, ``slice``) is charged the
+        slices, a buffer updated in place (operand 0 of ``dynamic-update-slice`` / ``scatter``)
+        is charged nothing for its unchanged part, and such an update's result is charged the
+        update (what the kernel writes)."""
+        sizes = [_type_bytes(computation.by_name[o].type_text) if o in computation.by_name else 0
+                 for o in instr.operands]
+        callee = None
+        if instr.opcode == "fusion":
+            callee = self.computations.get((self.callees(instr, "calls") or [""])[0])
+        if callee is None:
+            if instr.opcode in _SLICES:
+                return 2 * _type_bytes(instr.type_text) + sum(sizes[1:])
+            if instr.opcode in _UPDATES:
+                update = sizes[_UPDATES[instr.opcode]] if len(sizes) > _UPDATES[instr.opcode] else 0
+                return sum(sizes[1:]) + update
+            return _type_bytes(instr.type_text) + sum(sizes)
+        params = {int(i.literal): i for i in callee.instructions
+                  if i.opcode == "parameter" and i.literal.strip().isdigit()}
+        users = _users(callee)
+        read = 0
+        for index, size in enumerate(sizes):
+            param = params.get(index)
+            charge = None if param is None else _read_through_slices(callee, param, users)
+            read += size if charge is None else charge
+        return read + _written(callee)
 
     def step_loops(self, computation: Computation) -> list[Instruction]:
         """The loops of unknown trip count in ``computation`` (and in what it calls), heaviest
@@ -198,6 +224,73 @@ class Module:
     def _loop_body(self, loop: Instruction) -> Cost:
         return sum((self.cost(c) for c in self.callees(loop, "body") + self.callees(loop, "condition")),
                    Cost())
+
+
+_SLICES = {"dynamic-slice", "gather", "slice"}
+_UPDATES = {"dynamic-update-slice": 1, "scatter": 2}  # opcode -> index of the update operand
+_VIEWS = {"bitcast", "reshape", "get-tuple-element"}
+
+
+def _users(computation: Computation) -> dict[str, list[tuple[Instruction, int]]]:
+    users: dict[str, list[tuple[Instruction, int]]] = {}
+    for instr in computation.instructions:
+        for position, name in enumerate(instr.operands):
+            users.setdefault(name, []).append((instr, position))
+    return users
+
+
+def _read_through_slices(computation: Computation, param: Instruction, users) -> int | None:
+    """Bytes read of a fused parameter used only by slices (their results) or as the buffer of
+    in-place updates (nothing); None when some use reads it whole."""
+    total, frontier, seen = 0, [param.name], set()
+    while frontier:
+        name = frontier.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        uses = users.get(name, [])
+        if not uses:
+            if name == param.name:
+                return 0
+            return None  # the fusion's result is the parameter itself (read whole)
+        for user, position in uses:
+            if user.opcode in _VIEWS:
+                frontier.append(user.name)
+            elif user.opcode in _SLICES and position == 0:
+                total += _type_bytes(user.type_text)
+            elif user.opcode in _UPDATES and position == 0:
+                pass
+            else:
+                return None
+    return total
+
+
+def _written(computation: Computation) -> int:
+    """Bytes a fused computation writes: its result, an in-place update (of a parameter) only
+    its update."""
+    if not computation.instructions:
+        return 0
+    root = computation.instructions[-1]
+    parts = ([computation.by_name.get(o) for o in root.operands] if root.opcode == "tuple"
+             else [root])
+    total = 0
+    for part in parts:
+        if part is None:
+            continue
+        view = part
+        while view.opcode in ("bitcast", "reshape") and view.operands \
+                and view.operands[0] in computation.by_name:
+            view = computation.by_name[view.operands[0]]
+        if view.opcode in _UPDATES and len(view.operands) > _UPDATES[view.opcode]:
+            buffer = computation.by_name.get(view.operands[0])
+            while buffer is not None and buffer.opcode in ("bitcast", "reshape") and buffer.operands:
+                buffer = computation.by_name.get(buffer.operands[0])
+            update = computation.by_name.get(view.operands[_UPDATES[view.opcode]])
+            if buffer is not None and buffer.opcode == "parameter" and update is not None:
+                total += _type_bytes(update.type_text)
+                continue
+        total += _type_bytes(part.type_text)
+    return total
 
 
 def _constant_value(instr: Instruction) -> int | None:
@@ -236,7 +329,7 @@ def parse(text: str) -> Module:
         if not match:
             continue
         name, type_text, opcode, rest = match.groups()
-        if opcode == "constant":
+        if opcode in ("constant", "parameter"):
             literal, _, attrs = rest.partition(")")
             instr = Instruction(name, type_text, opcode, (), attrs, literal)
         else:

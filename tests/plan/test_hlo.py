@@ -98,3 +98,54 @@ def test_the_whole_program_counts_a_loop_of_unknown_trip_count_once_and_says_so(
 
 def test_fusions_are_counted_in_the_program_text():
     assert hlo.count_fusions(MODULE) == 1
+
+
+UPDATES = """HloModule jit_g
+
+%write (buf: bf16[64,1024,128], rows: bf16[1,16,128], at: s32[]) -> bf16[64,1024,128] {
+  %buf = bf16[64,1024,128]{2,1,0} parameter(0)
+  %rows = bf16[1,16,128]{2,1,0} parameter(1)
+  %at = s32[] parameter(2)
+  %zero = s32[] constant(0)
+  ROOT %dus = bf16[64,1024,128]{2,1,0} dynamic-update-slice(%buf, %rows, %at, %zero, %zero)
+}
+
+%read (buf: bf16[64,1024,128], at: s32[]) -> f32[1,1024,128] {
+  %buf = bf16[64,1024,128]{2,1,0} parameter(0)
+  %at = s32[] parameter(1)
+  %zero = s32[] constant(0)
+  %ds = bf16[1,1024,128]{2,1,0} dynamic-slice(%buf, %at, %zero, %zero), dynamic_slice_sizes={1,1024,128}
+  ROOT %up = f32[1,1024,128]{2,1,0} convert(%ds)
+}
+
+%whole (buf: bf16[64,1024,128]) -> f32[64,1024,128] {
+  %buf = bf16[64,1024,128]{2,1,0} parameter(0)
+  ROOT %up = f32[64,1024,128]{2,1,0} convert(%buf)
+}
+
+ENTRY %main (buf: bf16[64,1024,128], rows: bf16[1,16,128], at: s32[]) -> (bf16[64,1024,128], f32[1,1024,128], f32[64,1024,128]) {
+  %buf = bf16[64,1024,128]{2,1,0} parameter(0)
+  %rows = bf16[1,16,128]{2,1,0} parameter(1)
+  %at = s32[] parameter(2)
+  %w = bf16[64,1024,128]{2,1,0} fusion(%buf, %rows, %at), kind=kLoop, calls=%write
+  %r = f32[1,1024,128]{2,1,0} fusion(%w, %at), kind=kLoop, calls=%read
+  %a = f32[64,1024,128]{2,1,0} fusion(%w), kind=kLoop, calls=%whole
+  ROOT %t = (bf16[64,1024,128]{2,1,0}, f32[1,1024,128]{2,1,0}, f32[64,1024,128]{2,1,0}) tuple(%w, %r, %a)
+}
+"""
+
+
+def test_an_in_place_update_is_charged_its_rows_and_a_slice_its_slice():
+    module = hlo.parse(UPDATES)
+    entry = module.entry
+    by_name = entry.by_name
+    rows, index = 16 * 128 * 2, 4
+    buffer = 64 * 1024 * 128 * 2
+    # The cache write reads and writes the 16 rows (and its index), not the 16 MiB buffer.
+    assert module.kernel_bytes(entry, by_name["w"]) == rows + index + rows
+    # The read of one slot's 1024 rows: the slice, then its f32 result.
+    assert module.kernel_bytes(entry, by_name["r"]) == 1024 * 128 * 2 + index + 1024 * 128 * 4
+    # A kernel that reads the whole buffer is charged all of it.
+    assert module.kernel_bytes(entry, by_name["a"]) == buffer + 2 * buffer
+    assert hlo.program_cost(module) == hlo.Cost(kernels=3, bytes=(2 * rows + index)
+                                                + (1024 * 128 * 6 + index) + 3 * buffer)
