@@ -41,8 +41,13 @@ PROGRAM_KEYS = ("name", "compile_seconds", "program_bytes", "argument_bytes", "t
 
 
 def tree_bytes(tree) -> int:
-    return int(sum(math.prod(x.shape) * jax.numpy.dtype(x.dtype).itemsize
-                   for x in jax.tree_util.tree_leaves(tree)))
+    """Bytes of ``tree``'s arrays on one device (a sharded array: its shard)."""
+    def one(x):
+        sharding = getattr(x, "sharding", None)
+        shape = sharding.shard_shape(x.shape) if sharding is not None else x.shape
+        return math.prod(shape) * jax.numpy.dtype(x.dtype).itemsize
+
+    return int(sum(one(x) for x in jax.tree_util.tree_leaves(tree)))
 
 
 def floor_bytes(cfg, params_spec, bucket, batch: int) -> int:

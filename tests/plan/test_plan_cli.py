@@ -39,7 +39,17 @@ def test_tpu_target_prefill_compiles_here_and_the_json_has_every_key(tmp_path, c
     assert "prefill: compile" in capsys.readouterr().out
 
 
-@pytest.mark.skipif(not HAVE_GPU, reason="needs the aot extra (jax-cuda12-plugin, -pjrt)")
+@pytest.mark.skipif(not HAVE_TPU, reason="needs the aot extra (libtpu)")
+def test_a_mesh_over_the_tpu_topology_splits_the_weights(tmp_path):
+    status, one = _run(tmp_path, "--target", "v5p", "--programs", "prefill")
+    assert status == 0
+    status, split = _run(tmp_path, "--target", "v5p", "--programs", "prefill", "--mesh", "model=2")
+    assert status == 0 and split["mesh"] == {"data": 1, "model": 2}
+    # Per device: each of the two holds half of every split weight (norms and the gate are whole).
+    assert split["programs"][0]["weight_bytes"] < 0.6 * one["programs"][0]["weight_bytes"]
+
+
+@pytest.mark.skipif(not HAVE_GPU, reason="needs the aot extra (jax-cuda12-plugin, -pjrt, ptxas)")
 def test_gpu_target_reports_an_impossible_batch_as_not_fitting(tmp_path, capsys):
     status, record = _run(tmp_path, "--target", "h200", "--batch_size", "4000000",
                           "--programs", "admit")
