@@ -152,8 +152,6 @@ def format_plan(record: dict) -> str:
 
 def _plan() -> int:
     fv = FLAGS
-    if fv.model is None or fv.target is None:
-        raise FlagError("model" if fv.model is None else "target", "is required")
     from alodlm_jax.plan.targets import load_target, missing_extra
 
     target = load_target(fv.target)
@@ -195,7 +193,8 @@ def _plan() -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command with ``argv`` (``sys.argv`` by default); returns the exit status."""
-    return run_command(_plan, prog=PROG, description=__doc__, flag_values=FLAGS, argv=argv)
+    return run_command(_plan, prog=PROG, description=__doc__, flag_values=FLAGS, argv=argv,
+                       required=("model", "target"))
 
 
 def run() -> None:
