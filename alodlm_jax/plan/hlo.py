@@ -42,14 +42,16 @@ _NOT_KERNELS = {"parameter", "tuple", "get-tuple-element", "constant", "bitcast"
                 "async-update", "send-done", "recv-done"}
 _HEADER = re.compile(r"^(ENTRY\s+)?%?([^\s(]+)\s*\(.*\)\s*->\s*.*\{\s*$")
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([^\s=]+)\s*=\s*(.+?)\s+([a-z][a-z0-9\-]*)\((.*)$")
-_ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([^\]]*)\]")
+_ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([^\]]*)\](\{[^}]*\})?")
+_ON_CHIP = re.compile(r"S\(([1-9]\d*)\)")  # a layout's memory space other than device memory
 
 
 def _type_bytes(text: str) -> int:
-    """Bytes of an HLO type: an array ``bf16[8,1024]{...}`` or a tuple of them."""
+    """Bytes in device memory of an HLO type: an array ``bf16[8,1024]{...}`` or a tuple of them
+    (an array placed in another memory space, such as XLA:TPU's on-chip ``S(1)``, counts 0)."""
     total = 0
-    for dtype, dims in _ARRAY.findall(text):
-        if dtype not in _ITEMSIZE:
+    for dtype, dims, layout in _ARRAY.findall(text):
+        if dtype not in _ITEMSIZE or _ON_CHIP.search(layout or ""):
             continue
         sizes = [int(d.replace("<=", "")) for d in dims.split(",") if d.strip()]
         total += _ITEMSIZE[dtype] * math.prod(sizes)
@@ -186,6 +188,10 @@ class Module:
         if instr.opcode == "fusion":
             callee = self.computations.get((self.callees(instr, "calls") or [""])[0])
         if callee is None:
+            if instr.opcode == "copy-start":  # (destination, source alias, context): read + write
+                parts = _ARRAY.findall(instr.type_text)
+                written = _type_bytes("{}[{}]{}".format(*parts[0])) if parts else 0
+                return sum(sizes) + written
             if instr.opcode in _SLICES:
                 return 2 * _type_bytes(instr.type_text) + sum(sizes[1:])
             if instr.opcode in _UPDATES:
@@ -198,9 +204,47 @@ class Module:
         read = 0
         for index, size in enumerate(sizes):
             param = params.get(index)
-            charge = None if param is None else _read_through_slices(callee, param, users)
+            charge = None if param is None else self.read_through_slices(callee, param, users)
             read += size if charge is None else charge
         return read + _written(callee)
+
+    def read_through_slices(self, computation: Computation, param: Instruction, users=None,
+                            depth: int = 0) -> int | None:
+        """Bytes read of a fused parameter used only by slices (their results), as the buffer of
+        in-place updates (nothing), or by nested fusions that do the same; None when some use
+        reads it whole."""
+        users = _users(computation) if users is None else users
+        total, frontier, seen = 0, [param.name], set()
+        while frontier:
+            name = frontier.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            uses = users.get(name, [])
+            if not uses:
+                if name == param.name:
+                    return 0
+                return None  # the fusion's result is the parameter itself (read whole)
+            for user, position in uses:
+                if user.opcode in _VIEWS:
+                    frontier.append(user.name)
+                elif user.opcode in _SLICES and position == 0:
+                    total += _type_bytes(user.type_text)
+                elif user.opcode in _UPDATES and position == 0:
+                    pass
+                elif user.opcode == "fusion" and depth < 4:
+                    nested = self.computations.get((self.callees(user, "calls") or [""])[0])
+                    inner = None if nested is None else next(
+                        (i for i in nested.instructions if i.opcode == "parameter"
+                         and i.literal.strip() == str(position)), None)
+                    charge = None if inner is None else self.read_through_slices(
+                        nested, inner, None, depth + 1)
+                    if charge is None:
+                        return None
+                    total += charge
+                else:
+                    return None
+        return total
 
     def step_loops(self, computation: Computation) -> list[Instruction]:
         """The loops of unknown trip count in ``computation`` (and in what it calls), heaviest
@@ -237,32 +281,6 @@ def _users(computation: Computation) -> dict[str, list[tuple[Instruction, int]]]
         for position, name in enumerate(instr.operands):
             users.setdefault(name, []).append((instr, position))
     return users
-
-
-def _read_through_slices(computation: Computation, param: Instruction, users) -> int | None:
-    """Bytes read of a fused parameter used only by slices (their results) or as the buffer of
-    in-place updates (nothing); None when some use reads it whole."""
-    total, frontier, seen = 0, [param.name], set()
-    while frontier:
-        name = frontier.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        uses = users.get(name, [])
-        if not uses:
-            if name == param.name:
-                return 0
-            return None  # the fusion's result is the parameter itself (read whole)
-        for user, position in uses:
-            if user.opcode in _VIEWS:
-                frontier.append(user.name)
-            elif user.opcode in _SLICES and position == 0:
-                total += _type_bytes(user.type_text)
-            elif user.opcode in _UPDATES and position == 0:
-                pass
-            else:
-                return None
-    return total
 
 
 def _written(computation: Computation) -> int:

@@ -149,3 +149,45 @@ def test_an_in_place_update_is_charged_its_rows_and_a_slice_its_slice():
     assert module.kernel_bytes(entry, by_name["a"]) == buffer + 2 * buffer
     assert hlo.program_cost(module) == hlo.Cost(kernels=3, bytes=(2 * rows + index)
                                                 + (1024 * 128 * 6 + index) + 3 * buffer)
+
+
+NESTED = """HloModule jit_h
+
+%pick (cache: bf16[28,4,256,128], at: s32[]) -> bf16[256,128] {
+  %cache = bf16[28,4,256,128]{3,2,1,0} parameter(0)
+  %at = s32[] parameter(1)
+  %zero = s32[] constant(0)
+  %ds = bf16[1,1,256,128]{3,2,1,0} dynamic-slice(%cache, %at, %zero, %zero, %zero), dynamic_slice_sizes={1,1,256,128}
+  ROOT %flat = bf16[256,128]{1,0} bitcast(%ds)
+}
+
+%attend (q: bf16[8,128], cache: bf16[28,4,256,128], at: s32[]) -> f32[8,256] {
+  %q = bf16[8,128]{1,0} parameter(0)
+  %cache = bf16[28,4,256,128]{3,2,1,0} parameter(1)
+  %at = s32[] parameter(2)
+  %k = bf16[256,128]{1,0} fusion(%cache, %at), kind=kLoop, calls=%pick
+  ROOT %s = f32[8,256]{1,0} dot(%q, %k), lhs_contracting_dims={1}, rhs_contracting_dims={1}
+}
+
+ENTRY %main (q: bf16[8,128], cache: bf16[28,4,256,128], at: s32[], w: bf16[128,128]) -> (f32[8,256], bf16[128,128]) {
+  %q = bf16[8,128]{1,0} parameter(0)
+  %cache = bf16[28,4,256,128]{3,2,1,0} parameter(1)
+  %at = s32[] parameter(2)
+  %w = bf16[128,128]{1,0:T(8,128)(2,1)} parameter(3)
+  %s = f32[8,256]{1,0} fusion(%q, %cache, %at), kind=kOutput, calls=%attend
+  %prefetch = (bf16[128,128]{1,0:T(8,128)(2,1)S(1)}, bf16[128,128]{1,0:T(8,128)(2,1)}, u32[]{:S(2)}) copy-start(%w)
+  %on_chip = bf16[128,128]{1,0:T(8,128)(2,1)S(1)} copy-done(%prefetch)
+  ROOT %t = (f32[8,256]{1,0}, bf16[128,128]{1,0:T(8,128)(2,1)S(1)}) tuple(%s, %on_chip)
+}
+"""
+
+
+def test_a_slice_inside_a_nested_fusion_and_a_copy_to_on_chip_memory():
+    module = hlo.parse(NESTED)
+    entry = module.entry
+    # The attention reads q, one layer and depth of the cache (through the nested fusion), the
+    # index, and writes its scores: not the 28 x 4 slots of the whole cache.
+    assert module.kernel_bytes(entry, entry.by_name["s"]) == 8 * 128 * 2 + 256 * 128 * 2 + 4 + 8 * 256 * 4
+    # A prefetch into on-chip memory (S(1)) reads the weight from device memory once; its result
+    # holds the copy on chip, the source (an alias, no traffic) and a context (S(2)): no more.
+    assert module.kernel_bytes(entry, entry.by_name["prefetch"]) == 128 * 128 * 2
