@@ -50,6 +50,8 @@ flags.DEFINE_string("programs", None, "Comma-separated subset of the programs to
                     "(single, prefill at batch 1; batch, admit above). Default: all.",
                     flag_values=FLAGS)
 flags.DEFINE_string("json", None, "Also write the plan as JSON to this file.", flag_values=FLAGS)
+flags.DEFINE_string("save_hlo", None, "Also write each optimized program's text to "
+                    "DIR/NAME.hlo.gz (to read it again without compiling).", flag_values=FLAGS)
 
 
 def _model(fv):
@@ -180,7 +182,7 @@ def _plan() -> int:
                         f"{fv.batch_size}; choose from {sorted(known)}")
     record = plan(target, cfg, params, decode, prompt_tokens=prompt_tokens,
                   batch_size=fv.batch_size, mesh_spec=mesh_spec if mesh_spec.num_devices > 1 else None,
-                  programs=wanted, log=lambda text: print(f"{PROG}: {text}", file=sys.stderr, flush=True))
+                  programs=wanted, save_hlo=fv.save_hlo, log=lambda text: print(f"{PROG}: {text}", file=sys.stderr, flush=True))
     record["model"]["name"] = fv.model
     record["tasks"] = tasks
     sys.stdout.write(format_plan(record))
