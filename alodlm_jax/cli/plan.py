@@ -182,7 +182,8 @@ def _plan() -> int:
                         f"{fv.batch_size}; choose from {sorted(known)}")
     record = plan(target, cfg, params, decode, prompt_tokens=prompt_tokens,
                   batch_size=fv.batch_size, mesh_spec=mesh_spec if mesh_spec.num_devices > 1 else None,
-                  programs=wanted, save_hlo=fv.save_hlo, log=lambda text: print(f"{PROG}: {text}", file=sys.stderr, flush=True))
+                  programs=wanted, save_hlo=fv.save_hlo,
+                  log=lambda text: print(f"{PROG}: {text}", file=sys.stderr, flush=True))
     record["model"]["name"] = fv.model
     record["tasks"] = tasks
     sys.stdout.write(format_plan(record))
