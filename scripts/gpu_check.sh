@@ -7,7 +7,10 @@
 # the HBM roofline (bytes of the weights one pass reads / 4.8 TB/s); then the batch sweep: the
 # compiled engine with continuous batching at each --batches size on the same prompts, suite
 # tokens/s against one request at a time, and XLA's cost analysis of one batch step (bytes moved
-# / 4.8 TB/s: the step time the bandwidth allows) beside the measured time per step.
+# / 4.8 TB/s: the step time the bandwidth allows) beside the measured time per step, and the
+# plan's prediction for the same batch program (alodlm-jax-plan's figures for this device: compile
+# seconds, device memory, bytes and kernels per step, ms/step at 4.8 TB/s; block "PLAN" below), so
+# the first GPU calibrates the plan.
 #
 #   1.7B-shaped: 28 layers, loop [0,28), H 2048, I 6144, 16/8 heads x 128, vocab 151936
 #   8B-shaped:   36 layers, loop [10,26), H 4096, I 12288, 32/8 heads x 128, vocab 151936
@@ -81,6 +84,8 @@ def batch_sweep(cfg, params, batches, args) -> bool:
               f"{cost['bytes_moved'] / 1e9:.3f} GB moved (floor {cost['floor_bytes'] / 1e9:.3f}, "
               f"x{cost['moved_over_floor']:.2f}) -> {floor_ms:.3f} ms at 4.8 TB/s; "
               f"{cost['flops'] / 1e9:.0f} GFLOP; same tokens: {same}", flush=True)
+        print_plan(cfg, params, decode, args, b, measured_ms=1e3 * wall / max(steps, 1),
+                   measured_compile=engine.compile_seconds)
     return same_all
 
 
@@ -152,6 +157,29 @@ def main() -> int:
         ok &= check_layouts(args, dtype)
     print("\nGPU_CHECK_DONE", "ok" if ok else "token mismatch (bf16: see the spec's §8 note)")
     return 0
+
+
+# ---- PLAN (alodlm-jax-plan's prediction beside the measured step) ----------------------------
+def print_plan(cfg, params, decode, args, batch, *, measured_ms, measured_compile) -> None:
+    """The plan of the batch program just measured (alodlm_jax.plan on this device): predicted
+    ms/step (its bytes per step at 4.8 TB/s) beside the measured one, compile seconds, memory."""
+    from alodlm_jax.plan.compile import plan
+    from alodlm_jax.plan.targets import attached_target
+
+    spec = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+    record = plan(attached_target(), cfg, spec, decode, prompt_tokens=args.prompt_tokens,
+                  batch_size=batch, programs={"batch"}, batch_programs=True)
+    (p,) = record["programs"]
+    stats = jax.devices()[0].memory_stats() or {}
+    peak = stats.get("peak_bytes_in_use")
+    predicted = None if not p["bytes_per_step"] else 1e3 * p["bytes_per_step"] / HBM_BYTES_PER_SECOND
+    print(f"  plan   {batch:>3}: predicted {predicted if predicted is None else f'{predicted:.3f}'} "
+          f"ms/step (bytes/step {p['bytes_per_step']}, floor {p['floor_bytes_per_step']}, "
+          f"{p['kernels_per_step']} kernels) vs measured {measured_ms:.3f} ms/step; compile "
+          f"{p['compile_seconds']:.1f} s (engine measured {measured_compile:.1f} s); device memory "
+          f"{p['device_memory_bytes'] / 1e9:.3f} GB planned, peak in use "
+          f"{'-' if peak is None else f'{peak / 1e9:.3f} GB'}", flush=True)
+# ---- end PLAN ---------------------------------------------------------------------------------
 
 
 # ---- LAYOUTS (issue 20: the compiled engine with batching on a mesh) -------------------------

@@ -38,6 +38,10 @@ def pytest_configure(config):
     global _CACHE_HOME
     _CACHE_HOME = tempfile.mkdtemp(prefix="alodlm-jax-test-cache-")
     os.environ["XDG_CACHE_HOME"] = _CACHE_HOME
+    # The suite runs on the CPU. With the aot extra installed, JAX would otherwise start libtpu's
+    # backend in every process (looking for a TPU, holding libtpu's one-process lock) and the CUDA
+    # plugin's (looking for a GPU); the deviceless compiles of tests/plan need neither.
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
 def pytest_unconfigure(config):

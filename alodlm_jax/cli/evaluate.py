@@ -13,6 +13,7 @@ code metrics in a pool of fresh Python interpreters (--workers). Rescore mode ne
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -28,6 +29,7 @@ from alodlm_jax.cli.flags import (FREE_SETTINGS_HELP, code_scoring_from_flags,
                                   generator_from_flags, require_model, run_command)
 from alodlm_jax.cli.progress import Progress, compiling
 from alodlm_jax.config import DEFAULT_ENGINE, ENGINE_NAMES, ENGINES, DecodeConfig
+from alodlm_jax.plan.auto import BATCH_AUTO, BatchSizeParser
 
 PROG = "alodlm-jax-evaluate"
 FLAGS = flags.FlagValues()
@@ -82,12 +84,15 @@ define_compilation_flags(FLAGS)  # generate mode
 flags.DEFINE_boolean("quiet", False, "Print no progress on stderr: no phase lines (loading, "
                      "tokenizing, compiling) and no task bar. They are shown only when stderr is a "
                      "terminal.", flag_values=FLAGS)
-flags.DEFINE_integer("batch_size", 1, "Generate mode: N tasks decoded together by one compiled "
-                     "program, a finished task's slot taking the next waiting task (continuous "
-                     "batching; needs the compiled engine; with --mesh data=D a multiple of D, "
-                     "with several processes per process). Each row equals decoding its task "
-                     "alone; its wall_seconds is its prefill plus an even share of each batch run "
-                     "it took part in. Recorded in the protocol when > 1.", flag_values=FLAGS)
+flags.DEFINE(BatchSizeParser(), "batch_size", 1, "Generate mode: N tasks decoded together by one compiled "
+             "program, a finished task's slot taking the next waiting task (continuous "
+             "batching; needs the compiled engine; with --mesh data=D a multiple of D, "
+             "with several processes per process). Each row equals decoding its task "
+             "alone; its wall_seconds is its prefill plus an even share of each batch run "
+             "it took part in. Recorded in the protocol when > 1. auto: the largest batch whose "
+             "programs fit the device (alodlm_jax.plan.auto; at most the number of tasks), "
+             "recorded with how it was chosen as protocol.batch_size_auto.",
+             flag_values=FLAGS, serializer=flags.ArgumentSerializer())
 # Scaling out (alodlm_jax.sharding, alodlm_jax.distributed; docs/scaling.md).
 flags.DEFINE_string("mesh", None, "Generate mode: a (data, model) mesh over this process's local "
                     "devices, e.g. model=4, data=8 or data=2,model=4: model splits the weights "
@@ -123,7 +128,6 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
     from alodlm_scoring.manifest import suite_manifest
     from alodlm_scoring.tasks import sha256_file
 
-    batch_size = FLAGS.batch_size
     input_sha256 = sha256_file(FLAGS.input)
     manifest = suite_manifest(FLAGS.input)
     require_model(FLAGS)
@@ -131,6 +135,11 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
     settings = _generate_settings(decode)
     if state.resume:  # the same run, or nothing: checked before the model is loaded
         run_record.check(state.record_path, settings, has_rows=state.has_rows)
+    batch_auto = (_resolve_batch_size(tasks, decode, progress) if FLAGS.batch_size == BATCH_AUTO
+                  else None)
+    batch_size = FLAGS.batch_size
+    if batch_auto:  # the part's batch size is the one chosen
+        settings = dataclasses.replace(settings, free={**settings.free, "batch_size": batch_size})
     generator, engine, device = generator_from_flags(
         FLAGS, decode, several_processes=_process_info is not None)
     from alodlm_jax import sharding
@@ -178,8 +187,10 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
         )
         layout = sharding.layout_record(mesh, 1 if _process_info is None else
                                         _process_info.num_processes)
-        if batch_size > 1 or layout:  # after the project's keys; a batch-1 block is unchanged
-            block["batch_size"] = batch_size
+        if batch_size > 1 or layout or batch_auto:  # after the project's keys; a batch-1 block
+            block["batch_size"] = batch_size            # is unchanged
+        if batch_auto:
+            block["batch_size_auto"] = batch_auto
         if batch_size > 1:
             from alodlm_jax.decode.scheduler import BATCH_TIMING
 
@@ -220,6 +231,27 @@ def _generate_settings(decode: DecodeConfig):
         code_sandbox=sandbox, code_verdicts=verdicts, extra=extra,
         free={"decoder": ENGINE_NAMES[FLAGS.engine], "batch_size": FLAGS.batch_size,
               "mesh": FLAGS.mesh})
+
+
+def _resolve_batch_size(tasks: Sequence[Mapping[str, Any]], decode: DecodeConfig,
+                        progress: Progress) -> dict:
+    """``--batch_size auto``: sets FLAGS.batch_size to the largest batch whose programs fit the
+    device (alodlm_jax.plan.auto); returns the protocol's record of the choice."""
+    if FLAGS.engine != "compiled":
+        raise ValueError("--batch_size auto needs --engine compiled")
+    from alodlm_jax import sharding
+    from alodlm_jax.generate import default_device
+    from alodlm_jax.plan.auto import auto_batch_size
+
+    chosen, record = auto_batch_size(
+        model=FLAGS.model, precision=FLAGS.precision, model_config=FLAGS.model_config,
+        decode=decode, prompts=[task["prompt"] for task in tasks],
+        device=FLAGS.device or default_device(), mesh_spec=sharding.MeshSpec.parse(FLAGS.mesh),
+        log=lambda text: progress.phase(f"--batch_size auto: {text}"))
+    FLAGS.batch_size = chosen
+    progress.phase(f"--batch_size auto: {chosen} (largest that fits: "
+                   f"{record['largest_that_fits']}, {len(tasks)} tasks)")
+    return record
 
 
 def _code_scoring() -> dict:
@@ -274,7 +306,7 @@ def _evaluate() -> int:
     code_scoring_from_flags(FLAGS)
     if FLAGS.workers < 1:
         raise ValueError("--workers must be at least 1")
-    if FLAGS.batch_size < 1:
+    if FLAGS.batch_size != BATCH_AUTO and FLAGS.batch_size < 1:
         raise ValueError("--batch_size must be at least 1")
     try:
         if FLAGS.predictions is not None:  # step 4

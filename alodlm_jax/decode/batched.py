@@ -270,7 +270,8 @@ def fresh_slot(params, cfg, window_size, capacity, prompt_len, consts, finished=
                  is_open=jnp.bool_(False), live_steps=jnp.int32(0))
 
 
-_JIT = {
+# The batch programs by name, for a layout to jit (alodlm_jax.plan compiles them too).
+JIT = {
     "batch": Program(run_program, ("cfg", "window_size", "mode"), ("cache", "slots"),
                      per_data_shard="batch"),
     "admit": Program(admit_program, ("cfg", "window_size", "capacity"), ("cache", "slots"),
@@ -301,10 +302,10 @@ def compile_batch(engine, bucket: W.Bucket):
     consts = layout.spec(engine.consts())
     i32 = layout.spec(jax.ShapeDtypeStruct((), jnp.int32))
     mode = engine.decode.mode
-    run = engine.get_executable("batch", layout.jit(_JIT["batch"]), (bucket, mode), lambda: (
+    run = engine.get_executable("batch", layout.jit(JIT["batch"]), (bucket, mode), lambda: (
         (params, cache, slots, consts, layout.spec(jax.ShapeDtypeStruct((), jnp.bool_))),
         dict(cfg=engine.cfg, window_size=bucket.window_size, mode=mode)))
-    admit = engine.get_executable("admit", layout.jit(_JIT["admit"]), (bucket,), lambda: (
+    admit = engine.get_executable("admit", layout.jit(JIT["admit"]), (bucket,), lambda: (
         (params, cache, slots, i32,
          layout.spec(jax.ShapeDtypeStruct((bucket.prompt_bucket,), jnp.int32)), i32, consts),
         dict(cfg=engine.cfg, window_size=bucket.window_size, capacity=bucket.capacity)))

@@ -79,7 +79,8 @@ def prefill_program(params, cache, prompt, *, cfg):
     return W.prefill(params, cache, prompt, cfg=cfg)
 
 
-_JIT = {
+# The engine's programs by name, for a layout to jit (alodlm_jax.plan compiles them too).
+JIT = {
     "single": Program(single_program, ("cfg", "window_size", "mode", "capacity"), ("cache",)),
     "prefill": Program(prefill_program, ("cfg",), ("cache",)),
 }
@@ -196,14 +197,14 @@ class CompiledEngine:
         i32 = layout.spec(jax.ShapeDtypeStruct((), jnp.int32))
         consts = layout.spec(self.consts())
         statics = dict(cfg=cfg, window_size=bucket.window_size, mode=mode, capacity=bucket.capacity)
-        exe = self.get_executable("single", self.layout.jit(_JIT["single"]), (bucket, mode), lambda: (
+        exe = self.get_executable("single", self.layout.jit(JIT["single"]), (bucket, mode), lambda: (
             (params, cache, prompt, i32, consts), statics))
         if self.measure_prefill and bucket not in self._prefill_seconds:
             self._prefill_seconds[bucket] = self._time_prefill(bucket, params, cache, prompt)
         return exe
 
     def _time_prefill(self, bucket: Bucket, params_spec, cache_spec, prompt_spec) -> float:
-        exe = self.get_executable("prefill", self.layout.jit(_JIT["prefill"]), (bucket.prompt_bucket, bucket.t_max),
+        exe = self.get_executable("prefill", self.layout.jit(JIT["prefill"]), (bucket.prompt_bucket, bucket.t_max),
                                   lambda: ((params_spec, cache_spec, prompt_spec), {"cfg": self.cfg}))
         return self.median_prefill_seconds(exe, bucket, jnp.zeros((bucket.prompt_bucket,), jnp.int32))
 

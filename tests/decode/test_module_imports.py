@@ -20,7 +20,7 @@ FLOORS = (
     ("settings and data", ("alodlm_jax", "config", "data", "testing")),
     ("the network", ("rows", "model", "params", "sharding")),
     ("decoding", ("decode",)),
-    ("the generator", ("generate", "analysis")),
+    ("the generator", ("generate", "analysis", "plan")),
     ("front ends", ("cli", "harness", "report", "compare", "distributed", "torch_reference")),
 )
 

@@ -1,0 +1,255 @@
+"""Compile evaluate's programs for a target and read what XLA says about them.
+
+:func:`plan` compiles each program of :func:`alodlm_jax.plan.programs.evaluate_programs` for a
+:class:`~alodlm_jax.plan.targets.Target` (compile-only devices for a named accelerator) and
+returns the plan record (``docs/plan.md`` describes every key):
+
+* ``compile_seconds``: wall time of ``lower(...).compile()`` on this machine;
+* ``program_bytes``: size of the optimized program's text; ``fusions``: its fusion instructions
+  (every branch once);
+* memory from ``memory_analysis()``: ``argument_bytes`` (of which ``weight_bytes``,
+  ``cache_bytes``), ``output_bytes``, ``alias_bytes``, ``temp_bytes``; ``device_memory_bytes`` =
+  arguments + outputs - aliased + temporaries + generated code, against ``capacity_bytes``
+  (``fits``);
+* per step (the batch program's loop body; the single-request program's pass):
+  ``bytes_per_step`` and ``kernels_per_step`` from the optimized program
+  (:mod:`alodlm_jax.plan.hlo`: every loop counted as often as it runs, the heaviest branch of
+  every switch); ``floor_bytes_per_step`` (:func:`floor_bytes`); ``steps_per_second`` and
+  ``request_passes_per_second``: what ``bytes_per_step`` allows at the target's bandwidth;
+* ``xla_cost``: XLA's own ``cost_analysis()`` where the backend gives one (XLA:TPU, XLA:CPU),
+  whose loop bodies count once.
+
+``max_batch_size`` (top level): the largest batch whose programs fit, from the compiled batch's
+memory by linear extrapolation (see :func:`max_batch_size`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import jax
+
+from alodlm_jax.plan import hlo
+from alodlm_jax.plan.programs import PlannedProgram, evaluate_programs, place
+
+__all__ = ["plan", "floor_bytes", "tree_bytes", "max_batch_size", "PROGRAM_KEYS"]
+
+PROGRAM_KEYS = ("name", "compile_seconds", "program_bytes", "argument_bytes", "temp_bytes",
+                "device_memory_bytes", "capacity_bytes", "fits", "bytes_per_step",
+                "floor_bytes_per_step", "kernels_per_step")
+
+
+def tree_bytes(tree) -> int:
+    """Bytes of ``tree``'s arrays on one device (a sharded array: its shard)."""
+    def one(x):
+        sharding = getattr(x, "sharding", None)
+        shape = sharding.shard_shape(x.shape) if sharding is not None else x.shape
+        return math.prod(shape) * jax.numpy.dtype(x.dtype).itemsize
+
+    return int(sum(one(x) for x in jax.tree_util.tree_leaves(tree)))
+
+
+def floor_bytes(cfg, params_spec, bucket, batch: int) -> int:
+    """What one step must move at least (the floor of ``batched.step_analysis``): every weight it
+    multiplies once (all but the embedding, which is read by rows), and each request's K/V for the
+    bucket's cache slots at one depth of every layer plus its window rows written back."""
+    item = jax.numpy.dtype(params_spec["embed"].dtype).itemsize
+    weights = sum(math.prod(x.shape) * jax.numpy.dtype(x.dtype).itemsize
+                  for path, x in jax.tree_util.tree_leaves_with_path(params_spec)
+                  if jax.tree_util.keystr(path[:1]) != "['embed']")
+    row_kv = cfg.num_key_value_heads * cfg.head_dim * item
+    layers = cfg.num_prelude_layers + cfg.num_core_layers + cfg.num_coda_layers
+    return int(weights + 2 * batch * layers * row_kv * (bucket.t_max + bucket.rows))
+
+
+def _analyse(program: PlannedProgram, compiled, seconds: float, target, floor: int) -> dict:
+    memory = compiled.memory_analysis()
+    text = compiled.as_text() or ""
+    module = hlo.parse(text)
+    step = hlo.step_cost(module, program.step_depth) if program.step_depth else None
+    whole = hlo.program_cost(module)
+    arguments = int(memory.argument_size_in_bytes)
+    device_memory = (arguments + int(memory.output_size_in_bytes) - int(memory.alias_size_in_bytes)
+                     + int(memory.temp_size_in_bytes) + int(memory.generated_code_size_in_bytes))
+    capacity = target.capacity_bytes
+    bandwidth = target.bandwidth_bytes_per_second
+    record = {
+        "name": program.name,
+        "compile_seconds": round(seconds, 3),
+        "program_bytes": len(text.encode()),
+        "fusions": hlo.count_fusions(text),
+        "argument_bytes": arguments,
+        "weight_bytes": sum(tree_bytes(program.args[i]) for i in program.weight_args),
+        "cache_bytes": sum(tree_bytes(program.args[i]) for i in program.cache_args),
+        "output_bytes": int(memory.output_size_in_bytes),
+        "alias_bytes": int(memory.alias_size_in_bytes),
+        "temp_bytes": int(memory.temp_size_in_bytes),
+        "generated_code_bytes": int(memory.generated_code_size_in_bytes),
+        "device_memory_bytes": device_memory,
+        "capacity_bytes": capacity,
+        "fits": None if capacity is None else device_memory <= capacity,
+        "batch": program.batch,
+        "bytes_per_step": None if step is None else step.bytes,
+        "floor_bytes_per_step": floor if program.step_depth else None,
+        "kernels_per_step": None if step is None else step.kernels,
+        "loops_of_unknown_trip_count_in_step": None if step is None else step.unknown,
+        "bytes_per_run": whole.bytes,
+        "kernels_per_run": whole.kernels,
+        "steps_per_second": None,
+        "request_passes_per_second": None,
+        "xla_cost": _xla_cost(compiled),
+    }
+    if step is not None and step.bytes and bandwidth:
+        record["steps_per_second"] = bandwidth / step.bytes
+        record["request_passes_per_second"] = program.batch * bandwidth / step.bytes
+    return record
+
+
+def _refused(program: PlannedProgram, seconds: float, target, floor: int, error) -> dict:
+    """A program the target's compiler refused for want of memory (XLA:TPU checks its memory
+    assignment against the HBM): it does not fit; ``device_memory_bytes`` is its arguments alone
+    (a lower bound) and ``compile_error`` XLA's message."""
+    arguments = sum(tree_bytes(a) for a in program.args)
+    record = dict.fromkeys(("program_bytes", "fusions", "output_bytes", "alias_bytes", "temp_bytes",
+                            "generated_code_bytes", "bytes_per_step", "kernels_per_step",
+                            "loops_of_unknown_trip_count_in_step", "bytes_per_run",
+                            "kernels_per_run", "steps_per_second", "request_passes_per_second",
+                            "xla_cost"))
+    record.update(name=program.name, compile_seconds=round(seconds, 3), argument_bytes=arguments,
+                  weight_bytes=sum(tree_bytes(program.args[i]) for i in program.weight_args),
+                  cache_bytes=sum(tree_bytes(program.args[i]) for i in program.cache_args),
+                  device_memory_bytes=arguments, capacity_bytes=target.capacity_bytes, fits=False,
+                  batch=program.batch, floor_bytes_per_step=floor if program.step_depth else None,
+                  compile_error=str(error).strip().splitlines()[0])
+    return record
+
+
+def _xla_cost(compiled) -> dict | None:
+    try:
+        cost = compiled.cost_analysis()
+    except Exception:  # noqa: BLE001 - backends without a cost model
+        return None
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0] if cost else None
+    if not cost:
+        return None
+    return {k: float(cost[k]) for k in ("flops", "bytes accessed", "transcendentals") if k in cost}
+
+
+def max_batch_size(programs: list[dict], capacity: int | None, data: int = 1) -> int | None:
+    """The largest batch whose programs fit ``capacity``: each program's device memory is taken
+    as its weights plus a part proportional to the batch (everything else: cache, request state,
+    temporaries), the proportion read from the compiled batch. Temporaries that do not grow with
+    the batch are thus charged per request, so the figure errs low. A multiple of ``data``; 0
+    when not even the weights fit."""
+    programs = [r for r in programs if "compile_error" not in r]
+    if capacity is None or not programs:
+        return None
+    best = None
+    for record in programs:
+        fixed = record["weight_bytes"]
+        per_request = max(1, record["device_memory_bytes"] - fixed) / record["batch"]
+        fit = int((capacity - fixed) // per_request) if capacity > fixed else 0
+        best = fit if best is None else min(best, fit)
+    return max(0, best - best % data)
+
+
+def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: int, mesh_spec=None,
+         programs=None, batch_programs: bool = False, save_hlo: str | None = None,
+         log=None) -> dict:
+    """Compiles evaluate's programs for ``target`` and returns the plan record (module
+    docstring). ``mesh_spec``: an :class:`alodlm_jax.sharding.MeshSpec` over the target's
+    devices (None: one device). ``log(text)`` hears about each compile as it starts."""
+    from alodlm_jax.decode.layout import for_mesh
+
+    devices = target.devices()
+    layout = None
+    data = 1
+    if mesh_spec is not None and mesh_spec.num_devices > 1:
+        from alodlm_jax import sharding as SH
+
+        mesh = SH.make_mesh(mesh_spec, devices)
+        layout = for_mesh(mesh)
+        params_spec = _sharded_params(params_spec, mesh, cfg)
+        data = mesh_spec.data
+    names = programs
+    programs, bucket = evaluate_programs(cfg, params_spec, decode, prompt_tokens=prompt_tokens,
+                                         batch_size=batch_size, layout=layout,
+                                         batch_programs=batch_programs)
+    records = []
+    for program in programs:
+        if names is not None and program.name not in names:
+            continue
+        args = program.args if layout is not None else place(program.args, devices[0])
+        floor = floor_bytes(cfg, params_spec, bucket, program.batch)
+        if log:
+            log(f"compiling {program.name} (batch {program.batch}) for {target.name}")
+        start = time.perf_counter()
+        try:
+            compiled = program.jitted.lower(*args, **program.kwargs).compile()
+        except jax.errors.JaxRuntimeError as error:
+            if "RESOURCE_EXHAUSTED" not in str(error):
+                raise
+            records.append(_refused(program, time.perf_counter() - start, target, floor, error))
+            continue
+        seconds = time.perf_counter() - start
+        records.append(_analyse(program, compiled, seconds, target, floor))
+        if save_hlo:
+            import gzip
+            import pathlib
+
+            path = pathlib.Path(save_hlo) / f"{program.name}.hlo.gz"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with gzip.open(path, "wt", encoding="utf-8") as handle:
+                handle.write(compiled.as_text() or "")
+        del compiled
+    return {
+        "target": target.record(),
+        "device": f"{devices[0].platform}: {devices[0].device_kind}",
+        "model": {k: getattr(cfg, k) for k in ("num_hidden_layers", "hidden_size",
+                                               "intermediate_size", "num_attention_heads",
+                                               "num_key_value_heads", "head_dim", "vocab_size",
+                                               "max_depth")},
+        "dtype": str(params_spec["embed"].dtype),
+        "batch_size": batch_size,
+        "mesh": None if mesh_spec is None else {"data": mesh_spec.data, "model": mesh_spec.model},
+        "prompt_tokens": prompt_tokens,
+        "bucket": {"prompt_bucket": bucket.prompt_bucket, "window_size": bucket.window_size,
+                   "capacity": bucket.capacity, "cache_slots": bucket.t_max},
+        "mode": decode.mode,
+        "max_new_tokens": decode.max_new_tokens,
+        "programs": records,
+        "fits": all(r["fits"] is not False for r in records),
+        "max_batch_size": max_batch_size([r for r in records if r["name"] in ("batch", "admit")]
+                                         or records,
+                                         target.capacity_bytes, data),
+        "max_batch_size_basis": (
+            f"the batch and admit programs at batch {batch_size}, memory beyond the weights "
+            f"proportional to the batch" if any(r["name"] in ("batch", "admit") for r in records)
+            else "the single-request programs (batch 1), memory beyond the weights per request; "
+                 "plan --batch_size 2 or more for the batch programs' figure"),
+        "jax": jax.__version__,
+    }
+
+
+def _sharded_params(params_spec, mesh, cfg):
+    """Per-layer abstract params with the mesh's shardings (the rules of
+    :mod:`alodlm_jax.sharding`, whose layer specs lead with the stacked layer axis)."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from alodlm_jax import sharding as SH
+
+    SH.check_divisibility(cfg, SH.model_axis_size(mesh))
+    specs = SH.param_specs()
+
+    def put(path, x):
+        keys = [getattr(k, "key", getattr(k, "idx", None)) for k in path]
+        spec = specs[keys[0]]
+        if keys[0] in ("prelude", "core", "coda"):
+            spec = P(*spec[keys[-1]][1:])
+        elif isinstance(spec, dict):
+            spec = spec[keys[-1]]
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, spec))
+
+    return jax.tree_util.tree_map_with_path(put, params_spec)

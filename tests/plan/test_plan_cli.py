@@ -1,0 +1,115 @@
+"""alodlm-jax-plan: compile the tiny checkpoint's programs for a GPU and a TPU target without
+either (the aot extra), the JSON it writes, a batch that cannot fit, the missing extra."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from alodlm_jax.cli import plan as plan_cli
+from alodlm_jax.plan import targets
+from alodlm_jax.plan.compile import PROGRAM_KEYS
+
+pytestmark = pytest.mark.jax_backend
+
+TINY = ["--model", "builtin:tiny", "--prompt_tokens", "20", "--max_new_tokens", "32",
+        "--window_size", "4"]
+HAVE_TPU = targets.missing_extra(targets.load_target("v5p")) is None
+HAVE_GPU = targets.missing_extra(targets.load_target("h200")) is None
+# .ci/run keeps the aot extra's GPU half out of the environment (module docstring of .ci/run):
+# the GPU plan then runs in a child process with it on PYTHONPATH.
+GPU_DIR = pathlib.Path(__file__).resolve().parents[2] / ".ci" / "aot-gpu"
+GPU_CHILD = not HAVE_GPU and (GPU_DIR / "jax_cuda12_plugin").is_dir()
+
+
+def _run(tmp_path, *args):
+    out = tmp_path / "plan.json"
+    status = plan_cli.main(["alodlm-jax-plan", *TINY, *args, "--json", str(out)])
+    return status, (json.loads(out.read_text()) if out.exists() else None)
+
+
+def _run_gpu(tmp_path, capsys, *args):
+    """``(status, record, stdout)`` of a GPU plan: in this process where the plugin is installed,
+    else in a child with .ci/aot-gpu on its path."""
+    if HAVE_GPU:
+        status, record = _run(tmp_path, *args)
+        return status, record, capsys.readouterr().out
+    out = tmp_path / "plan.json"
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([str(GPU_DIR)] + [p for p in sys.path if p]))
+    done = subprocess.run([sys.executable, "-m", "alodlm_jax.cli.plan", *TINY, *args, "--json",
+                           str(out)], env=env, capture_output=True, text=True, timeout=600)
+    return done.returncode, (json.loads(out.read_text()) if out.exists() else None), done.stdout
+
+
+@pytest.mark.skipif(not HAVE_TPU, reason="needs the aot extra (libtpu)")
+def test_tpu_target_prefill_compiles_here_and_the_json_has_every_key(tmp_path, capsys):
+    status, record = _run(tmp_path, "--target", "v5p", "--programs", "prefill")
+    assert status == 0
+    assert {"target", "programs", "max_batch_size"} <= set(record)
+    assert record["target"]["name"] == "v5p" and record["device"].startswith("tpu")
+    (program,) = record["programs"]
+    assert set(PROGRAM_KEYS) <= set(program) and program["name"] == "prefill"
+    assert program["fits"] is True and program["compile_seconds"] > 0
+    assert program["program_bytes"] > 0 and program["weight_bytes"] > 0
+    assert program["device_memory_bytes"] >= program["weight_bytes"] + program["cache_bytes"]
+    assert program["capacity_bytes"] == 95_000_000_000
+    assert record["max_batch_size"] >= 1
+    assert "prefill: compile" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not HAVE_TPU, reason="needs the aot extra (libtpu)")
+def test_a_mesh_over_the_tpu_topology_splits_the_weights(tmp_path):
+    status, one = _run(tmp_path, "--target", "v5p", "--programs", "prefill")
+    assert status == 0
+    status, split = _run(tmp_path, "--target", "v5p", "--programs", "prefill", "--mesh", "model=2")
+    assert status == 0 and split["mesh"] == {"data": 1, "model": 2}
+    # Per device: each of the two holds half of every split weight (norms and the gate are whole).
+    assert split["programs"][0]["weight_bytes"] < 0.6 * one["programs"][0]["weight_bytes"]
+
+
+@pytest.mark.skipif(not (HAVE_GPU or GPU_CHILD),
+                    reason="needs the aot extra (jax-cuda12-plugin, -pjrt, ptxas)")
+def test_gpu_target_reports_an_impossible_batch_as_not_fitting(tmp_path, capsys):
+    status, record, out = _run_gpu(tmp_path, capsys, "--target", "h200", "--batch_size",
+                                   "4000000", "--programs", "admit")
+    assert status == 0
+    assert record["device"].startswith("gpu")
+    (program,) = record["programs"]
+    assert set(PROGRAM_KEYS) <= set(program) and program["name"] == "admit"
+    assert program["fits"] is False and record["fits"] is False
+    assert program["device_memory_bytes"] > program["capacity_bytes"] == 141_000_000_000
+    assert 1 <= record["max_batch_size"] < 4_000_000
+    assert "does NOT fit" in out
+
+
+def test_without_the_aot_extra_one_line_says_what_to_install(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(targets, "_importable", lambda module: False)
+    for target in ("h100", "v6e"):
+        status, record = _run(tmp_path, "--target", target)
+        assert status == 2 and record is None
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("alodlm-jax-plan: error:")
+        assert "[aot]" in err[0] and "pip install" in err[0]
+
+
+def test_unknown_target_and_missing_prompt_length_are_one_line_errors(tmp_path, capsys):
+    status, _ = _run(tmp_path, "--target", "h999")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1 and "--target" in err[0] and "h200" in err[0]
+    status = plan_cli.main(["alodlm-jax-plan", "--model", "released:8b", "--target", "cpu"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1 and "--prompt_tokens" in err[0]
+
+
+def test_every_named_target_file_loads():
+    names = targets.target_names()
+    assert {"h100", "h200", "b200", "a100", "v5e", "v5p", "v6e", "cpu", "attached"} <= set(names)
+    for name in names:
+        if name != "attached":
+            target = targets.load_target(name)
+            assert target.capacity_bytes > 0
+    assert targets.load_target("h200").bandwidth_bytes_per_second == 4.8e12
