@@ -3,8 +3,8 @@
 Every ``bash`` block of the README is one of three kinds:
 
 * the set-up commands (``pip install``, ``pytest``): the extras they name exist;
-* commands for the real models or accelerators (a Hub model id, ``--device cuda``): they need a
-  network and a GPU, so each command's program is checked to exist and each of its flags to be
+* commands for the real models or accelerators (a Hub model id, ``--device cuda``, a plan's
+  ``--target``): they need a network, a GPU or the deviceless compilers, so each command's program is checked to exist and each of its flags to be
   one the program defines;
 * everything else runs offline, and is run here, block after block in one scratch directory, as a
   user would paste it (``bash -e``), with the Hub switched offline so nothing can download. These
@@ -25,7 +25,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-NEEDS_MODELS = ("amazon/ALoDLM", "--device cuda", "--device tpu")
+NEEDS_MODELS = ("amazon/ALoDLM", "--device cuda", "--device tpu", "--target ")
 COMMANDS = {
     "alodlm-jax-evaluate": "alodlm_jax.cli.evaluate",
     "alodlm-jax-prepare": "alodlm_jax.cli.prepare",
@@ -34,6 +34,7 @@ COMMANDS = {
     "alodlm-jax-convert": "alodlm_jax.cli.convert",
     "alodlm-jax-compare": "alodlm_jax.cli.compare",
     "alodlm-jax-sweep": "alodlm_jax.cli.sweep",
+    "alodlm-jax-plan": "alodlm_jax.cli.plan",
 }
 
 
