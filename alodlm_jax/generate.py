@@ -86,21 +86,25 @@ def missing_device_message(device: str) -> str:
     import jax
 
     message = f"JAX has no {device} device on this machine"
-    if device == "cuda":
-        if importlib.util.find_spec("jax_cuda12_plugin") is None:
-            return (f"{message}: JAX's CUDA plugin (jax-cuda12-plugin) is not installed; install "
-                    f"it with: python -m pip install 'alodlm-jax[cuda]' (from a checkout: "
-                    f"python -m pip install -e '.[cuda]'), which pins jax[cuda12]=={jax.__version__}")
-        return (f"{message}: jax-cuda12-plugin is installed but found no usable GPU (check "
-                f"nvidia-smi, the driver version and CUDA_VISIBLE_DEVICES)")
-    if device == "tpu":
-        if importlib.util.find_spec("libtpu") is None:
-            return (f"{message}: JAX's TPU runtime (libtpu) is not installed; install it with: "
-                    f"python -m pip install 'alodlm-jax[tpu]' (from a checkout: "
-                    f"python -m pip install -e '.[tpu]'), which pins jax[tpu]=={jax.__version__}")
-        return (f"{message}: libtpu is installed but found no usable TPU (check that this is a "
-                f"TPU VM and that no other process holds the TPU)")
-    return message
+    runtime = _DEVICE_RUNTIMES.get(device)
+    if runtime is None:
+        return message
+    module, what, installed, extra, pin, noun, check = runtime
+    if importlib.util.find_spec(module) is None:
+        return (f"{message}: {what} is not installed; install it with: python -m pip install "
+                f"'alodlm-jax[{extra}]' (from a checkout: python -m pip install -e '.[{extra}]'), "
+                f"which pins {pin}=={jax.__version__}")
+    return f"{message}: {installed} is installed but found no usable {noun} ({check})"
+
+
+# device -> (module, what it is, its package, the project's extra, the pin, the device, what to check)
+_DEVICE_RUNTIMES = {
+    "cuda": ("jax_cuda12_plugin", "JAX's CUDA plugin (jax-cuda12-plugin)", "jax-cuda12-plugin",
+             "cuda", "jax[cuda12]", "GPU",
+             "check nvidia-smi, the driver version and CUDA_VISIBLE_DEVICES"),
+    "tpu": ("libtpu", "JAX's TPU runtime (libtpu)", "libtpu", "tpu", "jax[tpu]", "TPU",
+            "check that this is a TPU VM and that no other process holds the TPU"),
+}
 
 
 BATCH_NEEDS_COMPILED = "--batch_size > 1 needs --engine compiled"
