@@ -23,8 +23,8 @@ import importlib.metadata
 import json
 import os
 import pathlib
+import secrets
 import shutil
-import tempfile
 from typing import Callable
 
 from alodlm_convert.checkpoint import DTYPE_LABELS, GATE_FILE, INDEX_FILE, plan_hf_checkpoint
@@ -32,7 +32,6 @@ from alodlm_convert.config import CONFIG_FILE, RECURRENCE_FILE
 from alodlm_convert.errors import CheckpointError
 from alodlm_convert.load import MANIFEST_FILE, MANIFEST_FORMAT, PARAMS_FILE
 from alodlm_convert.stream import DEFAULT_BLOCK_BYTES, Progress, write_params
-from alodlm_scoring.files import current_umask
 
 # Side files copied verbatim when present (tokenizer, chat templates, generation config).
 SIDE_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -95,20 +94,21 @@ def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, dtype: st
     plan = plan_hf_checkpoint(src, dtype, model_config_yaml)
     cfg, target = plan.config, plan.target_dtype
 
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{dst.name}.partial-", dir=dst.parent))
+    # The result is an ordinary directory: mode 0o777 less the umask (mkdtemp would make it 0o700).
+    tmp = dst.parent / f".{dst.name}.partial-{secrets.token_hex(8)}"
+    os.mkdir(tmp, 0o777)
     try:
-        os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes 0700; the result is an ordinary directory
         label = DTYPE_LABELS[target]
         source_hashes = write_params(plan, tmp / PARAMS_FILE, {"format": MANIFEST_FORMAT, "dtype": label},
                                       block_bytes, progress)
         params_bytes = (tmp / PARAMS_FILE).stat().st_size
 
-        shutil.copy2(src / CONFIG_FILE, tmp / CONFIG_FILE)
+        shutil.copyfile(src / CONFIG_FILE, tmp / CONFIG_FILE)
         (tmp / RECURRENCE_FILE).write_text(json.dumps(plan.recurrence, indent=2) + "\n")
         side = _side_files(src)
         for rel in side:
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src / rel, tmp / rel)
+            shutil.copyfile(src / rel, tmp / rel)
 
         hashed = [CONFIG_FILE] + ([RECURRENCE_FILE] if (src / RECURRENCE_FILE).is_file() else [])
         hashed += [INDEX_FILE] if (src / INDEX_FILE).is_file() else []

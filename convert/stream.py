@@ -228,7 +228,7 @@ def write_params(plan: CheckpointPlan, path: pathlib.Path, metadata: dict[str, s
                    for t in plan.tensors), default=1)
     total, done, start = plan.total_bytes, 0, time.perf_counter()
     hashes: dict[str, str] = {}
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
     streamer = None
     try:
         _pwrite_all(fd, header, 0)

@@ -156,3 +156,16 @@ def test_existing_output_refused(sandwich_fp32, tmp_path):
     (tmp_path / "e").mkdir()  # an empty directory is fine
     convert_checkpoint(sandwich_fp32, tmp_path / "e")
     assert (tmp_path / "e" / "manifest.json").is_file()
+
+
+def test_the_converted_directory_and_files_honour_the_umask(sandwich_fp32, tmp_path):
+    import stat
+
+    previous = os.umask(0o027)
+    try:
+        out = convert_checkpoint(sandwich_fp32, tmp_path / "converted", "keep")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o750
+    files = [path for path in out.rglob("*") if path.is_file()]
+    assert files and {stat.S_IMODE(path.stat().st_mode) for path in files} == {0o640}
