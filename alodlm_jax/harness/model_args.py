@@ -112,6 +112,8 @@ def parse_model_args(model_args: Mapping[str, Any]) -> flags.FlagValues:
                 text = _device_text(text)
                 if text is None:
                     continue
+            if name == "batch_size" and text == "auto":  # evaluate takes it; lm-eval's runs do not
+                raise ValueError("not a number")
             values[name].parse(text)
         except (flags.Error, ValueError) as error:
             reason = str(error).split(": ", 1)[-1] if str(error).startswith("flag --") else str(error)
