@@ -24,21 +24,20 @@ from absl import flags
 
 from alodlm_jax.cli.flags import (FREE_SETTINGS_HELP, code_scoring_from_flags,
                                   decode_config_from_flags, default_compilation_cache_dir,
-                                  define_code_scoring_flags, define_compilation_flags,
-                                  define_decode_flags, define_model_flags, generate_run_settings,
+                                  define_code_scoring_flags, define_decode_flags,
+                                  define_generator_flags, generate_run_settings,
                                   generator_from_flags, require_model, run_command)
 from alodlm_jax.cli.progress import Progress, compiling
-from alodlm_jax.config import DEFAULT_ENGINE, ENGINE_NAMES, ENGINES, DecodeConfig
-from alodlm_jax.plan.auto import BATCH_AUTO, BatchSizeParser
+from alodlm_jax.config import ENGINE_NAMES, DecodeConfig
+from alodlm_jax.plan.auto import BATCH_AUTO
 
 PROG = "alodlm-jax-evaluate"
 FLAGS = flags.FlagValues()
 _PROTOCOL_FIELDS_FROM_GENERATOR = ("decoder", "precision", "device", "gpu", "device_kind",
                                    "compile_seconds")
 
-flags.DEFINE_string("model", None, "Local model directory or Hugging Face model id. Required in "
-                    "generate mode; ignored with --predictions.", flag_values=FLAGS)
-define_model_flags(FLAGS, device_note="decided only in generate mode")
+define_generator_flags(FLAGS, model_note="Required in generate mode; ignored with "
+                       "--predictions.", device_note="decided only in generate mode")
 define_decode_flags(FLAGS)
 flags.DEFINE_string("input", None, "Task JSONL file (required): one fully formatted task per line.",
                     flag_values=FLAGS)
@@ -48,11 +47,6 @@ flags.DEFINE_string("output", None, "Output directory (required); must not alrea
                     "was.", flag_values=FLAGS)
 flags.DEFINE_string("predictions", None, "Score existing local predictions without loading "
                     "weights (rescore mode).", flag_values=FLAGS)
-flags.DEFINE_enum("engine", DEFAULT_ENGINE, list(ENGINES), "Decoder engine for generate mode: "
-                  "compiled (the default: one XLA while-loop program per shape bucket) or portable "
-                  "(jitted passes, Python host loop); their outputs are identical. The compiled engine "
-                  "runs on any --mesh with --batch_size; the portable one decodes one task at a "
-                  "time (--mesh model=N only). Recorded as protocol.decoder.", flag_values=FLAGS)
 flags.DEFINE_integer("workers", os.cpu_count() or 1, "Number of fresh-interpreter workers that "
                      "score code tasks in parallel (verdicts equal sequential scoring).",
                      flag_values=FLAGS)
@@ -80,24 +74,10 @@ flags.DEFINE_boolean("resume", False, "Continue an interrupted run in --output: 
                      "started; the first that differs is refused before any work (exit 2). Free "
                      f"to differ: {FREE_SETTINGS_HELP}.",
                      flag_values=FLAGS)
-define_compilation_flags(FLAGS)  # generate mode
 flags.DEFINE_boolean("quiet", False, "Print no progress on stderr: no phase lines (loading, "
                      "tokenizing, compiling) and no task bar. They are shown only when stderr is a "
                      "terminal.", flag_values=FLAGS)
-flags.DEFINE(BatchSizeParser(), "batch_size", 1, "Generate mode: N tasks decoded together by one compiled "
-             "program, a finished task's slot taking the next waiting task (continuous "
-             "batching; needs the compiled engine; with --mesh data=D a multiple of D, "
-             "with several processes per process). Each row equals decoding its task "
-             "alone; its wall_seconds is its prefill plus an even share of each batch run "
-             "it took part in. Recorded in the protocol when > 1. auto: the largest batch whose "
-             "programs fit the device (alodlm_jax.plan.auto; at most the number of tasks), "
-             "recorded with how it was chosen as protocol.batch_size_auto.",
-             flag_values=FLAGS, serializer=flags.ArgumentSerializer())
-# Scaling out (alodlm_jax.sharding, alodlm_jax.distributed; docs/scaling.md).
-flags.DEFINE_string("mesh", None, "Generate mode: a (data, model) mesh over this process's local "
-                    "devices, e.g. model=4, data=8 or data=2,model=4: model splits the weights "
-                    "and KV cache (tensor parallelism), data the --batch_size request slots. "
-                    "Default: one device.", flag_values=FLAGS)
+# Scaling out over processes (alodlm_jax.distributed; docs/scaling.md).
 flags.DEFINE_string("coordinator_address", None, "Generate mode, several processes: host:port of "
                     "process 0 for jax.distributed, or 'auto' (JAX's cluster detection). Each "
                     "process decodes its share of the tasks; process 0 merges the shards.",

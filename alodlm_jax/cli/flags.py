@@ -299,6 +299,43 @@ def define_compilation_flags(flag_values: flags.FlagValues) -> None:
                          lower_bound=1, **d)
 
 
+def define_generator_flags(flag_values: flags.FlagValues, *, model_note: str = "",
+                           device_note: str = "") -> None:
+    """Every flag :func:`generator_from_flags` reads: ``--model``, the model flags
+    (:func:`define_model_flags`), ``--engine``, ``--batch_size``, ``--mesh`` and the compilation
+    flags. One definition for the evaluate command and for front ends that take the same settings
+    (``alodlm_jax.harness``: lm-eval's ``model_args``); ``model_note`` and ``device_note`` add a
+    command's own remark to those flags' help."""
+    from alodlm_jax.config import DEFAULT_ENGINE, ENGINES
+    from alodlm_jax.plan.auto import BatchSizeParser
+
+    d = {"flag_values": flag_values}
+    flags.DEFINE_string("model", None, "Local model directory or Hugging Face model id."
+                        + (f" {model_note}" if model_note else ""), **d)
+    define_model_flags(flag_values, device_note=device_note)
+    flags.DEFINE_enum("engine", DEFAULT_ENGINE, list(ENGINES), "Decoder engine for generate mode: "
+                      "compiled (the default: one XLA while-loop program per shape bucket) or "
+                      "portable (jitted passes, Python host loop); their outputs are identical. The "
+                      "compiled engine runs on any --mesh with --batch_size; the portable one "
+                      "decodes one task at a time (--mesh model=N only). Recorded as "
+                      "protocol.decoder.", **d)
+    flags.DEFINE(BatchSizeParser(), "batch_size", 1, "Generate mode: N tasks decoded together by "
+                 "one compiled program, a finished task's slot taking the next waiting task "
+                 "(continuous batching; needs the compiled engine; with --mesh data=D a multiple "
+                 "of D, with several processes per process). Each row equals decoding its task "
+                 "alone; its wall_seconds is its prefill plus an even share of each batch run it "
+                 "took part in. Recorded in the protocol when > 1. auto: the largest batch whose "
+                 "programs fit the device (alodlm_jax.plan.auto; at most the number of tasks), "
+                 "recorded with how it was chosen as protocol.batch_size_auto.",
+                 serializer=flags.ArgumentSerializer(), **d)
+    # Scaling out on local devices (alodlm_jax.sharding; docs/scaling.md).
+    flags.DEFINE_string("mesh", None, "Generate mode: a (data, model) mesh over this process's "
+                        "local devices, e.g. model=4, data=8 or data=2,model=4: model splits the "
+                        "weights and KV cache (tensor parallelism), data the --batch_size request "
+                        "slots. Default: one device.", **d)
+    define_compilation_flags(flag_values)
+
+
 def apply_compilation_flags(flag_values: flags.FlagValues) -> str | None:
     """Bounds the process's compiled programs by ``--max_compiled_programs`` and returns the
     persistent compilation cache directory the flags ask for (None with --nocompilation_cache).

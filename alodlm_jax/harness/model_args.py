@@ -2,14 +2,14 @@
 
 A key is one of the evaluate command's generation flags in its underscore spelling (the dash
 spelling works too), and its value is parsed and checked by that flag's own definition, so the
-defaults, types, choices and bounds are the evaluate command's (``alodlm_jax.cli.evaluate``):
-``pretrained`` is lm-eval's name for ``model``. lm-eval adds ``batch_size`` (our request slots),
+defaults, types, choices and bounds are the evaluate command's (both define them with
+``alodlm_jax.cli.flags``): ``pretrained`` is lm-eval's name for ``model``. lm-eval adds ``batch_size`` (our request slots),
 ``device`` and ``max_batch_size`` from its own flags (:func:`with_lm_eval_settings`), and
 ``trust_remote_code`` with ``--trust_remote_code``; the last two are accepted and unused (nothing
 here runs remote code, and ``batch_size=auto`` is refused). ``device`` also takes lm-eval's
 spellings ``cuda:0`` (= ``cuda``) and ``auto`` (the default: ``cuda`` when JAX sees a GPU, else
-``cpu``); another device index is refused (select GPUs with ``CUDA_VISIBLE_DEVICES``). The evaluate command's input/output, scoring and multi-process
-flags are not keys: lm-eval reads the tasks, scores them and writes the files.
+``cpu``); another device index is refused (select GPUs with ``CUDA_VISIBLE_DEVICES``). The
+evaluate command's input/output, scoring and multi-process flags are not keys: lm-eval reads the tasks, scores them and writes the files.
 
 A bad key or value is a :class:`ModelArgsError` naming it (the command prints it as one line,
 exit status 2). No JAX and no lm-eval here.
@@ -17,7 +17,6 @@ exit status 2). No JAX and no lm-eval here.
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Mapping
 
 from absl import flags
@@ -35,13 +34,14 @@ UNUSED_LM_EVAL_KEYS = ("max_batch_size", "trust_remote_code")
 
 
 def model_arg_flags() -> flags.FlagValues:
-    """Fresh, unparsed copies of the evaluate command's flags named by :data:`MODEL_ARG_KEYS`."""
-    from alodlm_jax.cli import evaluate
+    """Fresh, unparsed flags that :data:`MODEL_ARG_KEYS` name, with the evaluate command's
+    definitions (:func:`alodlm_jax.cli.flags.define_generator_flags` and
+    :func:`~alodlm_jax.cli.flags.define_decode_flags`)."""
+    from alodlm_jax.cli.flags import define_decode_flags, define_generator_flags
 
     values = flags.FlagValues()
-    for name in MODEL_ARG_KEYS:
-        values[name] = copy.deepcopy(evaluate.FLAGS[name])
-        values[name].unparse()
+    define_generator_flags(values)
+    define_decode_flags(values)
     values.mark_as_parsed()
     return values
 

@@ -155,3 +155,12 @@ def test_the_checks_see_what_they_look_for():
     assert "alodlm_jax.decode.programs" in targets  # imported inside enable_compilation_cache
     assert _floor("alodlm_jax.decode.window") < _floor("alodlm_jax.generate")
     assert _floor("alodlm_jax.cli.evaluate") == len(FLOORS) - 1
+
+
+def test_the_harness_imports_no_command():
+    """lm-eval's model takes the evaluate command's flag definitions from the module that defines
+    them for every command (``cli.flags``), not from a command's module."""
+    wrong = sorted(f"{m} imports {t}" for m, targets in _graph().items()
+                   if m.startswith("alodlm_jax.harness")
+                   for t in targets if t.startswith("alodlm_jax.cli") and t != "alodlm_jax.cli.flags")
+    assert not wrong, "\n".join(wrong)
