@@ -96,7 +96,7 @@ def test_finished_requests_are_replaced_by_waiting_ones(checkpoints):
 
 
 @pytest.mark.parametrize("batch_size, mode", [
-    (1, "entropy"), (2, "left1"),
+    (2, "left1"), pytest.param(1, "entropy", marks=pytest.mark.slow),
     pytest.param(5, "entropy", marks=pytest.mark.slow), pytest.param(4, "left1", marks=pytest.mark.slow),
     pytest.param(1, "left1", marks=pytest.mark.slow), pytest.param(8, "entropy", marks=pytest.mark.slow),
 ])

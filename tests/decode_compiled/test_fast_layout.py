@@ -22,8 +22,13 @@ from .cases import observable
 PROMPT = [5, 9, 13, 21, 34, 55, 8, 3, 1, 2, 4, 6, 10, 12, 14, 16]
 
 
-@pytest.mark.parametrize("topology", ["sandwich", "all_layer"])
-@pytest.mark.parametrize("mode", ["entropy", "left1"])
+# One case in the default suite (the released models' topology); the other three are slow.
+@pytest.mark.parametrize("topology, mode", [
+    ("sandwich", "left1"),
+    pytest.param("sandwich", "entropy", marks=pytest.mark.slow),
+    pytest.param("all_layer", "entropy", marks=pytest.mark.slow),
+    pytest.param("all_layer", "left1", marks=pytest.mark.slow),
+])
 def test_per_layer_engines_identical_across_attention_buckets(checkpoints, topology, mode):
     cfg, stacked = checkpoints.get(topology, 1, 6.0)
     per_layer = M.unstack_layers(stacked)

@@ -190,6 +190,7 @@ def batched_layout() -> dict:
             "num_processes": 2}
 
 
+@pytest.mark.slow  # data=2 batching: test_compiled_layouts; several processes: test_two_processes_equal_one
 def test_two_processes_each_batching_on_data2(setup):
     """2 processes x (data=2, batch 4): each process batches its own share on its own mesh."""
     out = setup["root"] / "two_batched"

@@ -82,6 +82,7 @@ def check_decode(report, name, base):
         assert max((abs(a - b) for a, b in halts), default=0.0) < 1e-5, name
 
 
+@pytest.mark.slow  # the default suite splits the weights with model=2 (test_compiled_layouts)
 def test_model4_load_and_decode_equal_single_device(checkpoints):
     """model=4 on a 3-file HF checkpoint: exact params, same tokens, KV cache split by head."""
     report = run_worker({"paths": checkpoints, "level": "quick"})
