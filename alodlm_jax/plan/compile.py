@@ -214,6 +214,8 @@ def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: in
         "dtype": str(params_spec["embed"].dtype),
         "batch_size": batch_size,
         "mesh": None if mesh_spec is None else {"data": mesh_spec.data, "model": mesh_spec.model},
+        # As evaluate loads them: per-layer arrays on one device, stacked layer groups on a mesh.
+        "layer_layout": "per-layer" if layout is None else "stacked",
         "prompt_tokens": prompt_tokens,
         "bucket": {"prompt_bucket": bucket.prompt_bucket, "window_size": bucket.window_size,
                    "capacity": bucket.capacity, "cache_slots": bucket.t_max},
@@ -234,22 +236,23 @@ def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: in
 
 
 def _sharded_params(params_spec, mesh, cfg):
-    """Per-layer abstract params with the mesh's shardings (the rules of
-    :mod:`alodlm_jax.sharding`, whose layer specs lead with the stacked layer axis)."""
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    """The abstract params as a mesh run loads them (:func:`alodlm_jax.sharding.load_sharded_model`:
+    each layer group stacked on a leading layer axis, one ``lax.scan`` in the programs), with the
+    mesh's shardings (the rules of :mod:`alodlm_jax.sharding`)."""
+    from jax.sharding import NamedSharding
 
+    from alodlm_convert.mapping import layer_shapes
     from alodlm_jax import sharding as SH
 
     SH.check_divisibility(cfg, SH.model_axis_size(mesh))
     specs = SH.param_specs()
-
-    def put(path, x):
-        keys = [getattr(k, "key", getattr(k, "idx", None)) for k in path]
-        spec = specs[keys[0]]
-        if keys[0] in ("prelude", "core", "coda"):
-            spec = P(*spec[keys[-1]][1:])
-        elif isinstance(spec, dict):
-            spec = spec[keys[-1]]
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, spec))
-
-    return jax.tree_util.tree_map_with_path(put, params_spec)
+    dtype = params_spec["embed"].dtype
+    sizes = {"prelude": cfg.num_prelude_layers, "core": cfg.num_core_layers,
+             "coda": cfg.num_coda_layers}
+    stacked = dict(params_spec)
+    for group in SH.LAYER_GROUPS:
+        stacked[group] = {key: jax.ShapeDtypeStruct((sizes[group],) + tuple(shape), dtype)
+                          for key, shape in layer_shapes(cfg).items()}
+    return jax.tree_util.tree_map(
+        lambda x, spec: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, spec)),
+        stacked, specs)

@@ -67,6 +67,8 @@ def test_a_mesh_over_the_tpu_topology_splits_the_weights(tmp_path):
     assert status == 0
     status, split = _run(tmp_path, "--target", "v5p", "--programs", "prefill", "--mesh", "model=2")
     assert status == 0 and split["mesh"] == {"data": 1, "model": 2}
+    # As evaluate loads them: per-layer arrays on one device, stacked layer groups on a mesh.
+    assert (one["layer_layout"], split["layer_layout"]) == ("per-layer", "stacked")
     # Per device: each of the two holds half of every split weight (norms and the gate are whole).
     assert split["programs"][0]["weight_bytes"] < 0.6 * one["programs"][0]["weight_bytes"]
 
