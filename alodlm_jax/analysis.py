@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from alodlm_jax import model as M
+from alodlm_jax import rows as R
 from alodlm_jax.decode import batched as B
 from alodlm_jax.decode import window as W
 
@@ -22,7 +23,8 @@ from alodlm_jax.decode import window as W
 # ---------------------------------------------------------------------------------------------
 
 
-def step_analysis(cfg, params, bucket: W.Bucket, *, mode: str = "entropy", dtype=None) -> dict:
+def step_analysis(cfg, params, bucket: W.Bucket, *, mode: str = "entropy", dtype=None,
+                  shapes: str = R.BUCKETED) -> dict:
     """XLA's own cost and memory analysis of one batch step (:func:`alodlm_jax.decode.batched.batch_step` compiled alone for
     ``bucket``), beside the step's physical floor; compiles, never decodes.
 
@@ -39,7 +41,8 @@ def step_analysis(cfg, params, bucket: W.Bucket, *, mode: str = "entropy", dtype
     gathers each request's prefix at its own depth from the batch's cache (two gathers per layer)
     and its window's embeddings from the table (two lookups), so ``gather_overcharge`` computes
     what the model charges beyond the gathered bytes, and ``bytes_moved`` is ``bytes_accessed``
-    less it. Returns plain numbers (see the keys).
+    less it. ``shapes``: the step's :mod:`alodlm_jax.rows` policy (an engine's ``shapes``).
+    Returns plain numbers (see the keys).
     """
     dtype = jnp.dtype(dtype or jax.tree_util.tree_leaves(params)[0].dtype)
     window_size = bucket.window_size
@@ -52,8 +55,8 @@ def step_analysis(cfg, params, bucket: W.Bucket, *, mode: str = "entropy", dtype
         analysis_consts(), finished=True))
     slots = B.batched_spec(bucket, one)
     consts = W.abstract(analysis_consts())
-    step = jax.jit(functools.partial(B.batch_step, cfg=cfg, window_size=window_size, mode=mode),
-                   donate_argnums=(1, 2))
+    step = jax.jit(functools.partial(B.batch_step, cfg=cfg, window_size=window_size, mode=mode,
+                                     shapes=shapes), donate_argnums=(1, 2))
     compiled = step.lower(params_spec, cache, slots, consts).compile()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost

@@ -353,20 +353,22 @@ def build_generator(*, model: str, mesh=None, model_config: str | None = None, d
     sweeps and scale-out runs call it.
 
     ``model``: a converted directory, an HF checkpoint directory or a Hub id. ``mesh``: None (one
-    device: this process's first device of ``device``'s platform, per-layer weights, the
-    ordinary path), or a :class:`~alodlm_jax.sharding.MeshSpec` (or its ``--mesh`` text) over this
-    process's local devices: one device loads stacked weights onto the first of them (the layout
-    sharded loading gives, so a one-device mesh is numerically the sharded runs' path); a larger
-    mesh loads with :func:`~alodlm_jax.sharding.load_sharded_model` and the engine is built for
-    it (:func:`make_engine`). Settings that cannot work (precision, engine, ``batch_size``, a
-    layout :func:`~alodlm_jax.sharding.check_layout` refuses) are a ValueError before anything
-    is loaded; ``compilation_cache_dir`` enables JAX's persistent compilation cache there.
+    device: this process's first device of ``device``'s platform, the ordinary path, with per-layer
+    weights on a CPU or GPU and stacked ones on a TPU:
+    :func:`~alodlm_jax.params.per_layer_weights`), or a :class:`~alodlm_jax.sharding.MeshSpec` (or
+    its ``--mesh`` text) over this process's local devices: one device loads stacked weights onto
+    the first of them (the layout sharded loading gives, so a one-device mesh is numerically the
+    sharded runs' path); a larger mesh loads with :func:`~alodlm_jax.sharding.load_sharded_model`
+    and the engine is built for it (:func:`make_engine`). Settings that cannot work (precision,
+    engine, ``batch_size``, a layout :func:`~alodlm_jax.sharding.check_layout` refuses) are a
+    ValueError before anything is loaded; ``compilation_cache_dir`` enables JAX's persistent
+    compilation cache there.
     """
     import jax
 
     from alodlm_convert.resolve import resolve_model
     from alodlm_jax import sharding
-    from alodlm_jax.params import load_model
+    from alodlm_jax.params import load_model, per_layer_weights
 
     check_batch_size(engine, batch_size)
     if precision not in PRECISIONS:
@@ -385,7 +387,8 @@ def build_generator(*, model: str, mesh=None, model_config: str | None = None, d
     if spec is None or spec.num_devices == 1:
         placement = jax.sharding.SingleDeviceSharding(first)
         cfg, params = load_model(str(model_dir), precision, sharding=lambda path, array: placement,
-                                 model_config_yaml=model_config, per_layer=spec is None)
+                                 model_config_yaml=model_config,
+                                 per_layer=spec is None and per_layer_weights(first.platform))
     else:
         the_mesh = sharding.make_mesh(spec, jax.local_devices(backend=DEVICES[device]))
         cfg, params = sharding.load_sharded_model(model_dir, the_mesh, precision,

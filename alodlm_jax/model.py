@@ -325,7 +325,7 @@ def unstack_layers(params: Params) -> Params:
 
 def run_stack(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Array,
               k_all: jax.Array, v_all: jax.Array, start, depth=None, *, kv_len: int | None = None,
-              kv_limit=None):
+              kv_limit=None, bucketed: bool = True):
     """Runs a layer group in order; ``stack`` is a stacked dict or a tuple of per-layer dicts.
 
     The group's whole cache is threaded through the layers and each layer writes only its window
@@ -341,7 +341,8 @@ def run_stack(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Array,
     the reductions, not what they add up. A larger ``kv_limit`` picks a longer bucket (several
     callers sharing one bucket; tests compare against the whole buffer). ``kv_len`` (static,
     optional) caps the buffer first, e.g. in a prefill bucket; it changes nothing as long as
-    ``start + T <= kv_len``.
+    ``start + T <= kv_len``. ``bucketed=False``: no switch, the layers attend over the whole
+    (capped) buffer (:data:`alodlm_jax.rows.FIXED`).
     """
     n = _num_layers(stack)
     if n == 0:
@@ -354,7 +355,7 @@ def run_stack(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Array,
         slots = min(kv_len, slots)
     if kv_limit is None:
         kv_limit = start + h.shape[0]
-    kv_bucket = kv_bucket_index(kv_buckets(slots), kv_limit)
+    kv_bucket = kv_bucket_index(kv_buckets(slots), kv_limit) if bucketed else None
 
     def layer(lp, i, h, k_all, v_all):
         index = (i,) if depth is None else (i, depth)
@@ -397,6 +398,26 @@ def _attend_window(q: jax.Array, k_pre: jax.Array, v_pre: jax.Array, start: jax.
     return _ungroup(_values(probs[..., :split], v_pre) + _values(probs[..., split:], v_win), q)
 
 
+def _attend_in_copy(q, k, v, k_buf, v_buf, start, depth, *, layer, size: int) -> jax.Array:
+    """One request's window attention (:func:`_attend_window`'s visible set) for the
+    :data:`~alodlm_jax.rows.FIXED` batch step: the request's ``size`` cache slots at ``layer`` (and
+    ``depth``) are read into a copy, the window's K/V written into it at ``start``, and the rows
+    attend over that one buffer (:func:`_attend`: row ``a`` sees slots ``<= start + a``).
+
+    The same softmax over the same scores as the two blocks of :func:`_attend_window`, in another
+    order (one block of ``size`` slots): results equal to rounding. The per-request read of a batch
+    cache at each request's own depth is a copy in any case (a gather); writing the window into it
+    saves the scores' concatenation and the slices of the probabilities (measured, the 1.7B's
+    2-layer batch-8 step for an H200: 3.49 GB per step to 2.93 GB)."""
+    index = (layer,) if depth is None else (layer, depth)
+    zero = jnp.int32(0)
+    k_pre = jax.lax.dynamic_update_slice(_first_slots(k_buf, index, size).astype(q.dtype),
+                                         k.astype(q.dtype), (start, zero, zero))
+    v_pre = jax.lax.dynamic_update_slice(_first_slots(v_buf, index, size).astype(q.dtype),
+                                         v.astype(q.dtype), (start, zero, zero))
+    return _attend(q, k_pre, v_pre, start)
+
+
 def _window_layer(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax.Array,
                   k_all: jax.Array, v_all: jax.Array, index: tuple, start: jax.Array,
                   kv_bucket: jax.Array | None):
@@ -421,16 +442,18 @@ def _window_layer(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax
 
 
 def run_window_stack(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Array,
-                     k_all: jax.Array, v_all: jax.Array, start, depth=None, *, prefix_limit=None):
+                     k_all: jax.Array, v_all: jax.Array, start, depth=None, *, prefix_limit=None,
+                     bucketed: bool = True):
     """A layer group over a window's rows, reading (never writing) its cache buffers.
 
     Returns ``(h, k_new, v_new)`` with ``k_new``/``v_new`` ``[L, T, n_kv, d_h]``: what
     :func:`run_stack` would have written at slots ``start..start+T`` (at ``depth`` for the core), to
     be stored with :func:`store_window`. The layers attend over the prefix (slots ``< start``, read
-    from the smallest :func:`kv_buckets` length holding ``prefix_limit`` slots, default ``start``)
-    and the window's own rows. Because the cache is only read, the caller can run this inside a
-    ``lax.switch`` (row buckets) without XLA copying the cache into the taken branch, which it does
-    for a buffer updated inside a conditional.
+    from the smallest :func:`kv_buckets` length holding ``prefix_limit`` slots, default ``start``;
+    the whole buffer, with no switch, when not ``bucketed``) and the window's own rows. Because the
+    cache is only read, the caller can run this inside a ``lax.switch`` (row buckets) without XLA
+    copying the cache into the taken branch, which it does for a buffer updated inside a
+    conditional.
     """
     n = _num_layers(stack)
     kv_shape = (n, h.shape[0]) + k_all.shape[-2:]
@@ -440,7 +463,8 @@ def run_window_stack(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Arr
     cos, sin = rope_tables(positions, k_all.shape[-1], cfg.rope_theta, h.dtype)
     eps = cfg.rms_norm_eps
     slots = k_all.shape[1 if depth is None else 2]
-    kv_bucket = kv_bucket_index(kv_buckets(slots), start if prefix_limit is None else prefix_limit)
+    kv_bucket = (kv_bucket_index(kv_buckets(slots), start if prefix_limit is None else prefix_limit)
+                 if bucketed else None)
 
     def layer(lp, i, h):
         index = (i,) if depth is None else (i, depth)
@@ -493,6 +517,16 @@ def _window_layer_rows(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin
     lane = m.lane  # each lane's request
 
     def attend_first(size, q, k, v, k_all, v_all):
+        depth_axis = None if depth is None else 0
+        if m.in_order:  # FIXED: lane b is request b, and reads its own entry of the batch axis
+            # The copies of the prefixes depend only on the cache: without the barrier XLA:GPU
+            # made every layer's ahead of the layers, all alive at once (the 8B's batch-32 step
+            # for an H200: 31.6 GB of temporaries, 14.7 GB with it).
+            q, k_all, v_all = jax.lax.optimization_barrier((q, k_all, v_all))
+            in_copy = functools.partial(_attend_in_copy, layer=layer, size=size)
+            return jax.vmap(in_copy, in_axes=(0, 0, 0, 0, 0, 0, depth_axis))(
+                q, k, v, k_all, v_all, start, depth)
+
         def one(q, k, v, b, start, depth):
             index = (b, layer) if depth is None else (b, layer, depth)
             k_pre = _first_slots(k_all, index, size).astype(q.dtype)
@@ -500,7 +534,7 @@ def _window_layer_rows(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin
             return _attend_window(q, k_pre, v_pre, start, k.astype(q.dtype), v.astype(q.dtype))
 
         lane_depth = None if depth is None else depth[lane]
-        return jax.vmap(one, in_axes=(0, 0, 0, 0, 0, None if depth is None else 0))(
+        return jax.vmap(one, in_axes=(0, 0, 0, 0, 0, depth_axis))(
             q, k, v, lane, start[lane], lane_depth)
 
     attn = _on_kv_bucket(k_all.shape[2 if depth is None else 3], kv_bucket, attend_first,
@@ -512,14 +546,16 @@ def _window_layer_rows(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin
 
 def run_window_rows(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Array, m: R.RowMap,
                     k_all: jax.Array, v_all: jax.Array, start: jax.Array, depth=None, *,
-                    prefix_limit, rows: int):
+                    prefix_limit, rows: int, bucketed: bool = True):
     """:func:`run_window_stack` for ``B`` requests on packed rows (:class:`~alodlm_jax.rows.RowMap`).
 
     ``h [R, H]`` and ``positions [R]`` are compact; ``k_all``/``v_all`` the batch's buffers
     ``[B, L, (K,) T, n_kv, d_h]``; ``start`` (and ``depth`` for the core) ``[B]``; ``prefix_limit``
-    one attention bucket limit shared by the batch. Returns ``(h [R, H], k_new, v_new)`` with
-    ``k_new``/``v_new`` ``[B, L, rows, n_kv, d_h]`` for :func:`store_window` per request. Reads
-    the cache only, like :func:`run_window_stack`.
+    one attention bucket limit shared by the batch (not ``bucketed``: the whole buffers). Returns
+    ``(h [R, H], k_new, v_new)`` with ``k_new``/``v_new`` ``[B, L, rows, n_kv, d_h]`` for
+    :func:`store_window` per request. Reads the cache only, like :func:`run_window_stack`. With
+    in-order lanes (:data:`~alodlm_jax.rows.FIXED`) each lane attends as :func:`_attend_in_copy`
+    does.
     """
     n = _num_layers(stack)
     batch = k_all.shape[0]
@@ -529,7 +565,8 @@ def run_window_rows(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Arra
     start = jnp.asarray(start, jnp.int32)
     cos, sin = rope_tables(positions, k_all.shape[-1], cfg.rope_theta, h.dtype)
     eps = cfg.rms_norm_eps
-    kv_bucket = kv_bucket_index(kv_buckets(k_all.shape[2 if depth is None else 3]), prefix_limit)
+    kv_bucket = (kv_bucket_index(kv_buckets(k_all.shape[2 if depth is None else 3]), prefix_limit)
+                 if bucketed else None)
 
     def layer(lp, i, h):
         return _window_layer_rows(lp, eps, h, cos, sin, k_all, v_all, i, depth, start, kv_bucket,
@@ -572,50 +609,50 @@ def embed(params: Params, ids: jax.Array) -> jax.Array:
 
 
 def prelude(params: Params, cfg: "ModelConfig", h, positions, cache: KVCache, start, *,
-            kv_len: int | None = None, kv_limit=None):
+            kv_len: int | None = None, kv_limit=None, bucketed: bool = True):
     """Layers ``[0, L_s)`` (run once per window, as depth 0)."""
     h, k, v = run_stack(params["prelude"], cfg, h, positions, cache.prelude_k, cache.prelude_v, start,
-                        kv_len=kv_len, kv_limit=kv_limit)
+                        kv_len=kv_len, kv_limit=kv_limit, bucketed=bucketed)
     return h, cache.replace(prelude_k=k, prelude_v=v)
 
 
 def core_pass(params: Params, cfg: "ModelConfig", h, positions, cache: KVCache, start, depth, *,
-              kv_len: int | None = None, kv_limit=None):
+              kv_len: int | None = None, kv_limit=None, bucketed: bool = True):
     """Layers ``[L_s, L_e)`` at pass ``depth`` (traced int32), reading/writing the depth's buffers."""
     h, k, v = run_stack(params["core"], cfg, h, positions, cache.core_k, cache.core_v, start, depth=depth,
-                        kv_len=kv_len, kv_limit=kv_limit)
+                        kv_len=kv_len, kv_limit=kv_limit, bucketed=bucketed)
     return h, cache.replace(core_k=k, core_v=v)
 
 
 def readout(params: Params, cfg: "ModelConfig", h, positions, cache: KVCache, start, *,
-            kv_len: int | None = None, kv_limit=None):
+            kv_len: int | None = None, kv_limit=None, bucketed: bool = True):
     """``FinalNorm(Coda(h))`` on a copy of the carry; the coda buffers hold this pass's K/V."""
     r, k, v = run_stack(params["coda"], cfg, h, positions, cache.coda_k, cache.coda_v, start,
-                        kv_len=kv_len, kv_limit=kv_limit)
+                        kv_len=kv_len, kv_limit=kv_limit, bucketed=bucketed)
     return rms_norm(r, params["final_norm"], cfg.rms_norm_eps), cache.replace(coda_k=k, coda_v=v)
 
 
 def prelude_window(params: Params, cfg: "ModelConfig", h, positions, cache: KVCache, start, *,
-                   prefix_limit=None):
+                   prefix_limit=None, bucketed: bool = True):
     """:func:`prelude` over a window without writing: ``(h, (k, v))`` for :func:`store_window`."""
     h, k, v = run_window_stack(params["prelude"], cfg, h, positions, cache.prelude_k, cache.prelude_v,
-                               start, prefix_limit=prefix_limit)
+                               start, prefix_limit=prefix_limit, bucketed=bucketed)
     return h, (k, v)
 
 
 def core_window(params: Params, cfg: "ModelConfig", h, positions, cache: KVCache, start, depth, *,
-                prefix_limit=None):
+                prefix_limit=None, bucketed: bool = True):
     """:func:`core_pass` over a window without writing: ``(h, (k, v))`` for :func:`store_window`."""
     h, k, v = run_window_stack(params["core"], cfg, h, positions, cache.core_k, cache.core_v, start,
-                               depth=depth, prefix_limit=prefix_limit)
+                               depth=depth, prefix_limit=prefix_limit, bucketed=bucketed)
     return h, (k, v)
 
 
 def readout_window(params: Params, cfg: "ModelConfig", h, positions, cache: KVCache, start, *,
-                   prefix_limit=None):
+                   prefix_limit=None, bucketed: bool = True):
     """:func:`readout` over a window without writing: ``(r, (k, v))`` for :func:`store_window`."""
     r, k, v = run_window_stack(params["coda"], cfg, h, positions, cache.coda_k, cache.coda_v, start,
-                               prefix_limit=prefix_limit)
+                               prefix_limit=prefix_limit, bucketed=bucketed)
     return rms_norm(r, params["final_norm"], cfg.rms_norm_eps), (k, v)
 
 

@@ -45,6 +45,19 @@ def _put(keys: tuple[str, ...], leaf, dtype, sharding: ShardingHook | None) -> j
     return jax.block_until_ready(array)
 
 
+def per_layer_weights(platform: str) -> bool:
+    """Whether one device of JAX ``platform`` decodes with per-layer weight arrays (a Python loop
+    of layers in the programs) rather than stacked layer groups (one ``lax.scan``).
+
+    Per-layer on CPUs and GPUs: XLA:CPU and XLA:GPU copy a layer's weights out of a stack on every
+    call (XLA:CPU: 29 % of a pass of the 1 GB bench model; XLA:GPU, the 1.7B's batch-8 step for
+    an H200: 5.4 GB of copies, 58.8 GB per step stacked against 53.4 GB per-layer). Stacked on
+    TPUs: XLA:TPU reads a layer's weights out of the stack as they are (50.6 GB per step
+    per-layer, 51.2 GB stacked) and compiles the loop once (19 s instead of 55 s, a 1.1 MB
+    program instead of 5.9 MB). ``docs/plan.md`` has the figures."""
+    return platform != "tpu"
+
+
 def to_device(params: Params, dtype="keep", sharding: ShardingHook | None = None, *,
               per_layer: bool = False) -> Params:
     """Numpy (or jax) params -> jax arrays; every tensor cast to ``dtype`` except the fp32 gate.

@@ -5,6 +5,21 @@ requests' windows packed together (:class:`RowMap`, :func:`to_rows` / :func:`fro
 attention and the heads per request in *lanes*, the padded layout of the requests with rows
 (:func:`to_lanes` / :func:`from_lanes`, :func:`lanes_to_batch`); :func:`step_shapes` are the
 ``(rows, lanes)`` shapes a step may take. Pure index arithmetic: no weights here.
+
+Two shape policies (a static argument of the compiled programs, :func:`shapes_for`):
+
+* :data:`BUCKETED` (XLA:CPU): a step runs on the smallest of several row shapes holding its rows
+  and attends over the smallest power-of-two part of the cache holding its prefix, each a
+  ``lax.switch`` whose every branch is a copy of the network in the program. On a CPU the work
+  scales with the rows and slots, so the buckets pay for their compile time.
+* :data:`FIXED` (GPUs, TPUs): one row shape (every row of the batch), lane ``b`` holding request
+  ``b``, attention over the whole cache buffer (sized to a multiple of :data:`FIXED_SLOT_MULTIPLE`
+  slots rather than a power of two): no switch. A weight-bound step on an accelerator costs about
+  the same for 64 or 512 rows, and each branch multiplies the compile time (the 1.7B's batch-8
+  program for a v5p, layers stacked: 312 s bucketed, 19 s fixed; ``docs/plan.md``).
+
+Both give the same tokens: buckets change only the number of rows of matrix products and the
+length of fp32 attention reductions over masked slots (exact zeros), as batching does.
 """
 
 from __future__ import annotations
@@ -12,6 +27,20 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import struct
+
+BUCKETED = "bucketed"
+FIXED = "fixed"
+SHAPES = (BUCKETED, FIXED)
+# FIXED's cache: every step attends over every slot, so the slot count is the prompt bucket plus
+# the budget plus a window rounded up to a multiple of this (TPU tiles are 8 x 128, GPU blocks 128
+# wide) rather than to a power of two (:meth:`alodlm_jax.decode.window.Bucket.for_request`).
+FIXED_SLOT_MULTIPLE = 256
+
+
+def shapes_for(platform: str) -> str:
+    """The shape policy of the programs compiled for a JAX ``platform`` (module docstring):
+    :data:`BUCKETED` on ``"cpu"``, :data:`FIXED` on every accelerator."""
+    return BUCKETED if platform == "cpu" else FIXED
 
 
 @struct.dataclass
@@ -35,6 +64,8 @@ class RowMap:
       lane: int32[A] — the request in each lane (0 for a lane left over).
       lane_valid: bool[A] — a lane holding a request with rows.
       lane_of: int32[B] — each request's lane (0 for a request without rows).
+      in_order: static — lane ``b`` is request ``b`` (``A == B``; :data:`FIXED`), so attention
+        reads each lane's cache along the batch axis instead of gathering it.
     """
 
     slot: jax.Array
@@ -45,12 +76,15 @@ class RowMap:
     lane: jax.Array
     lane_valid: jax.Array
     lane_of: jax.Array
+    in_order: bool = struct.field(pytree_node=False, default=False)
 
 
-def row_map(counts: jax.Array, size: int, lanes: int | None = None) -> RowMap:
+def row_map(counts: jax.Array, size: int, lanes: int | None = None, *,
+            in_order: bool = False) -> RowMap:
     """:class:`RowMap` of ``counts[b]`` rows per request in ``size`` compact rows and ``lanes``
     attention lanes (all ``B`` by default). Needs ``sum(counts) <= size`` and at most ``lanes``
-    requests with rows; the caller picks the shape from :func:`step_shapes`."""
+    requests with rows; the caller picks the shape from :func:`step_shapes`. ``in_order``: lane
+    ``b`` holds request ``b`` (needs ``lanes == B``), valid where it has rows."""
     counts = jnp.asarray(counts, jnp.int32)
     batch = counts.shape[0]
     lanes = batch if lanes is None else lanes
@@ -61,6 +95,12 @@ def row_map(counts: jax.Array, size: int, lanes: int | None = None) -> RowMap:
     valid = r < ends[-1]
     row = jnp.where(valid, r - offset[slot], 0)
     has = counts > 0
+    if in_order:
+        if lanes != batch:
+            raise ValueError(f"in-order lanes need one lane per request ({batch}), not {lanes}")
+        order = jnp.arange(batch, dtype=jnp.int32)
+        return RowMap(slot=jnp.where(valid, slot, 0), row=row, valid=valid, offset=offset,
+                      count=counts, lane=order, lane_valid=has, lane_of=order, in_order=True)
     (lane,) = jnp.nonzero(has, size=lanes, fill_value=0)
     ranks = jnp.cumsum(has.astype(jnp.int32))
     lane_of = jnp.where(has, jnp.minimum(ranks - 1, lanes - 1), 0)
@@ -80,8 +120,9 @@ def row_totals(batch: int, rows: int) -> tuple[int, ...]:
     return tuple(sorted({max(1, -(-full * f // 8)) for f in (2, 4, 5, 6, 8)}))
 
 
-def step_shapes(batch: int, rows: int) -> tuple[tuple[int, int], ...]:
+def step_shapes(batch: int, rows: int, shapes: str = BUCKETED) -> tuple[tuple[int, int], ...]:
     """The ``(R, A)`` shapes a batch step runs at, ascending: ``R`` compact rows, ``A`` lanes.
+    :data:`FIXED`: one, every row and a lane per request.
 
     Each of :func:`row_totals`, with as many lanes as it can hold requests of ``rows / 2`` rows
     (every live window's least), and all ``batch`` for the largest. A step takes the first shape
@@ -91,6 +132,8 @@ def step_shapes(batch: int, rows: int) -> tuple[tuple[int, int], ...]:
     count would save more in the tail but costs compilation (one more copy of the network per
     shape: +53 % compile time for the small bench model at batch 8 with one single-lane shape).
     """
+    if shapes == FIXED:
+        return ((batch * rows, batch),)
     totals = row_totals(batch, rows)
     half = max(1, rows // 2)
     return tuple(sorted({(r, min(batch, max(1, r // half))) for r in totals[:-1]}
@@ -144,6 +187,11 @@ def to_lanes(x: jax.Array, m: RowMap, rows: int) -> jax.Array:
 def from_lanes(x: jax.Array, m: RowMap) -> jax.Array:
     """The lanes' padded layout ``[A, W, ...]`` -> compact ``[R, ...]`` (padding rows are zeros)."""
     return _compact(x, m, m.lane_of[m.slot])
+
+
+def by_lane(x: jax.Array, m: RowMap) -> jax.Array:
+    """Per-request ``[B, ...]`` -> per-lane ``[A, ...]`` (each lane's request's entry)."""
+    return x if m.in_order else x[m.lane]
 
 
 def lanes_to_batch(x: jax.Array, m: RowMap) -> jax.Array:

@@ -10,7 +10,8 @@
 # / 4.8 TB/s: the step time the bandwidth allows) beside the measured time per step, and the
 # plan's prediction for the same batch program (alodlm-jax-plan's figures for this device: compile
 # seconds, device memory, bytes and kernels per step, ms/step at 4.8 TB/s; block "PLAN" below), so
-# the first GPU calibrates the plan.
+# the first GPU calibrates the plan. On a GPU the compiled engine runs the accelerators' fixed
+# shapes (one row shape, attention over the whole cache: alodlm_jax/rows.py), as evaluate does.
 #
 #   1.7B-shaped: 28 layers, loop [0,28), H 2048, I 6144, 16/8 heads x 128, vocab 151936
 #   8B-shaped:   36 layers, loop [10,26), H 4096, I 12288, 32/8 heads x 128, vocab 151936
@@ -77,13 +78,15 @@ def batch_sweep(cfg, params, batches, args) -> bool:
         steps = sum(engine.last_live_steps.values()) / b  # request-passes / slots ~ steps
         same = all(a.token_ids == o.token_ids for a, o in zip(alone, outs))
         same_all &= same
-        cost = step_analysis(cfg, params, engine.bucket_for(args.prompt_tokens, batch=b))
+        cost = step_analysis(cfg, params, engine.bucket_for(args.prompt_tokens, batch=b),
+                             shapes=engine.shapes)
         floor_ms = 1e3 * cost["bytes_moved"] / HBM_BYTES_PER_SECOND
         print(f"  batch {b:>3}: {tokens / wall:9.1f} tok/s (x{tokens / wall / base:5.2f} one at a "
               f"time)  ~{1e3 * wall / max(steps, 1):7.3f} ms/step; XLA step: "
               f"{cost['bytes_moved'] / 1e9:.3f} GB moved (floor {cost['floor_bytes'] / 1e9:.3f}, "
               f"x{cost['moved_over_floor']:.2f}) -> {floor_ms:.3f} ms at 4.8 TB/s; "
-              f"{cost['flops'] / 1e9:.0f} GFLOP; same tokens: {same}", flush=True)
+              f"{cost['flops'] / 1e9:.0f} GFLOP; same tokens: {same}; shapes {engine.shapes}",
+              flush=True)
         print_plan(cfg, params, decode, args, b, measured_ms=1e3 * wall / max(steps, 1),
                    measured_compile=engine.compile_seconds)
     return same_all
@@ -141,7 +144,8 @@ def main() -> int:
                       f"{ms_pass:8.3f} ms/pass (x{ms_pass / roofline_ms:.1f} roofline)  "
                       f"passes {out.recurrent_passes:4d}  windows {out.outer_steps:4d}  "
                       f"prefill {1e3 * out.prefill_seconds:7.2f} ms  compile "
-                      f"{engine.compile_seconds:6.1f} s", flush=True)
+                      f"{engine.compile_seconds:6.1f} s"
+                      + (f"  shapes {engine.shapes}" if label == "compiled" else ""), flush=True)
                 if name == "1.7b" and label == "compiled" and not args.tiny:
                     met = ms_pass <= 1.5 * roofline_ms
                     print(f"  goal compiled ms/pass <= 1.5x roofline (batch 1): "

@@ -126,7 +126,8 @@ def format_plan(record: dict) -> str:
     lines = [f"target {target['name']} ({record['device']}), capacity {_gb(target['capacity_bytes'])}"
              f", bandwidth {bandwidth}",
              f"model {record['model']['num_hidden_layers']} layers, H {record['model']['hidden_size']}"
-             f" ({record['layer_layout']} weights), {record['dtype']}, batch {record['batch_size']}"
+             f" ({record['layer_layout']} weights, {record['shapes']} shapes), {record['dtype']}"
+             f", batch {record['batch_size']}"
              f", prompt bucket "
              f"{record['bucket']['prompt_bucket']}, cache slots {record['bucket']['cache_slots']}"]
     for p in record["programs"]:

@@ -13,9 +13,10 @@ work its live requests need:
    window's top-up and packing (:func:`.window.end_and_begin`), and open at the next step.
 
 The network runs on the live requests' valid rows packed into one matrix (:mod:`alodlm_jax.rows`:
-a ``lax.switch`` over :func:`alodlm_jax.rows.step_shapes`); attention, which reads each request's
-own cache at its own depth, and the heads run per request in the *lanes* of the requests with
-rows. Windows are not synchronized: a request whose window stops starts its next window at the
+a ``lax.switch`` over :func:`alodlm_jax.rows.step_shapes`; one shape, every row, under the
+accelerators' :data:`~alodlm_jax.rows.FIXED` policy); attention, which reads each request's own
+cache at its own depth, and the heads run per request in the *lanes* of the requests with rows
+(lane ``b`` is request ``b`` under ``FIXED``). Windows are not synchronized: a request whose window stops starts its next window at the
 next step. Finished or empty slots idle: they contribute no rows, and their cache writes go to the
 scratch slots (``Bucket.scratch_start``), so a request's real cache is exactly as if it had
 decoded alone. Each request's arithmetic is the single-request arithmetic up to the shared
@@ -80,10 +81,11 @@ def _on_rows(counts, shapes, make_branch, *operands):
     return jax.lax.switch(index, [make_branch(*shape) for shape in shapes], *operands)
 
 
-def _prelude_rows(params, cache, packed, opening, prefix_limit, *, cfg, rows):
+def _prelude_rows(params, cache, packed, opening, prefix_limit, *, cfg, rows, shapes):
     """Embedding and prelude of the windows that open this step, their rows packed together:
     ``(h [B, W, H], (k, v) [B, L_pre, W, n_kv, d_h])``, zeros for the other requests. Reads the
-    cache only (stores follow the switch, :func:`.window.window_prelude`)."""
+    cache only (stores follow the switch, :func:`.window.window_prelude`). ``shapes``: the
+    :mod:`alodlm_jax.rows` policy (a step in which no window opens skips the prelude in both)."""
     batch = packed.ids.shape[0]
     hidden = params["embed"].shape[1]
     counts = jnp.where(opening, packed.num_rows, 0)
@@ -94,18 +96,19 @@ def _prelude_rows(params, cache, packed, opening, prefix_limit, *, cfg, rows):
             if size == 0:
                 zeros = jnp.zeros(kv_shape, cache.prelude_k.dtype)
                 return jnp.zeros((batch, rows, hidden), params["embed"].dtype), (zeros, zeros)
-            m = R.row_map(counts, size, lanes)
+            m = R.row_map(counts, size, lanes, in_order=fixed)
             h = M.embed(params, R.to_rows(packed.ids, m))
             h, k, v = M.run_window_rows(params["prelude"], cfg, h, R.to_rows(packed.positions, m), m,
                                         cache.prelude_k, cache.prelude_v, packed.start,
-                                        prefix_limit=prefix_limit, rows=rows)
+                                        prefix_limit=prefix_limit, rows=rows, bucketed=not fixed)
             return R.from_rows(h, m, rows), (k, v)
         return run
 
-    return _on_rows(counts, ((0, 0),) + R.step_shapes(batch, rows), branch, cache)
+    fixed = shapes == R.FIXED
+    return _on_rows(counts, ((0, 0),) + R.step_shapes(batch, rows, shapes), branch, cache)
 
 
-def _pass_rows(params, cache, h, packed, depth, live, prefix_limit, *, cfg, rows, heads):
+def _pass_rows(params, cache, h, packed, depth, live, prefix_limit, *, cfg, rows, heads, shapes):
     """Core at each request's depth, readout and heads for every live request, rows packed
     together: ``(h [B, W, H], (pred, entropy, hazard) [B, W], core (k, v), coda (k, v))``
     (``[B, L, W, n_kv, d_h]``); rows outside a live window keep ``h``, requests without rows get
@@ -116,24 +119,26 @@ def _pass_rows(params, cache, h, packed, depth, live, prefix_limit, *, cfg, rows
 
     def branch(size, lanes):
         def run(cache, h_in):
-            m = R.row_map(counts, size, lanes)
+            m = R.row_map(counts, size, lanes, in_order=fixed)
             positions = R.to_rows(packed.positions, m)
             h, *core_kv = M.run_window_rows(params["core"], cfg, R.to_rows(h_in, m), positions, m,
                                             cache.core_k, cache.core_v, packed.start, depth,
-                                            prefix_limit=prefix_limit, rows=rows)
+                                            prefix_limit=prefix_limit, rows=rows,
+                                            bucketed=not fixed)
             r, *coda_kv = M.run_window_rows(params["coda"], cfg, h, positions, m, cache.coda_k,
                                             cache.coda_v, packed.start, prefix_limit=prefix_limit,
-                                            rows=rows)
+                                            rows=rows, bucketed=not fixed)
             r = R.to_lanes(M.rms_norm(r, params["final_norm"], cfg.rms_norm_eps), m, rows)
-            lane_packed = jax.tree_util.tree_map(lambda x: x[m.lane], packed)
+            lane_packed = jax.tree_util.tree_map(lambda x: R.by_lane(x, m), packed)
             pred, entropy = jax.vmap(W.token_heads, (None, 0, 0, None))(params, r, lane_packed,
                                                                         heads)
-            hazard = jax.vmap(M.gate_hazard, (None, 0, 0))(params, r, depth[m.lane])
+            hazard = jax.vmap(M.gate_hazard, (None, 0, 0))(params, r, R.by_lane(depth, m))
             outputs = tuple(R.lanes_to_batch(x, m) for x in (pred, entropy, hazard))
             return R.from_rows(h, m, rows, fill=h_in), outputs, tuple(core_kv), tuple(coda_kv)
         return run
 
-    return _on_rows(counts, R.step_shapes(batch, rows), branch, cache, h)
+    fixed = shapes == R.FIXED
+    return _on_rows(counts, R.step_shapes(batch, rows, shapes), branch, cache, h)
 
 
 def _complete_stopped(cache, core_kv, start, stop, executed, max_depth: int):
@@ -161,7 +166,7 @@ def _complete_stopped(cache, core_kv, start, stop, executed, max_depth: int):
     return jax.lax.fori_loop(0, jnp.sum(need.astype(jnp.int32)), write, cache)
 
 
-def batch_step(params, cache, slots, consts, *, cfg, window_size, mode):
+def batch_step(params, cache, slots, consts, *, cfg, window_size, mode, shapes=R.BUCKETED):
     """One step: one recurrent pass of every live request, each at its own depth (module
     docstring). The network runs on the live requests' valid rows packed together
     (:class:`alodlm_jax.rows.RowMap`): the prelude only for the windows that open, core and
@@ -180,7 +185,8 @@ def batch_step(params, cache, slots, consts, *, cfg, window_size, mode):
 
     # Windows that open run their embedding and prelude; the other requests' prelude K/V (zeros)
     # go to the scratch slots.
-    h0, prelude_kv = _prelude_rows(params, cache, packed, opening, prefix_limit, cfg=cfg, rows=rows)
+    h0, prelude_kv = _prelude_rows(params, cache, packed, opening, prefix_limit, cfg=cfg, rows=rows,
+                                   shapes=shapes)
     cache = vm(lambda c, st, kv: M.store_window(c, st, prelude=kv))(
         cache, jnp.where(opening, real_start, scratch), prelude_kv)
     h = jnp.where(opening[:, None, None], h0, slots.h)
@@ -191,7 +197,8 @@ def batch_step(params, cache, slots, consts, *, cfg, window_size, mode):
     inject, tok = vm(S.injection_rows)(pst)
     h = jnp.where(inject[..., None], M.embed(params, tok), h)
     h, (pred, entropy, hazard), core_kv, coda_kv = _pass_rows(
-        params, cache, h, packed, depth, live, prefix_limit, cfg=cfg, rows=rows, heads=window_size)
+        params, cache, h, packed, depth, live, prefix_limit, cfg=cfg, rows=rows, heads=window_size,
+        shapes=shapes)
     here = jnp.where(live, real_start, scratch)
     cache = vm(lambda c, st, d, core, coda: M.store_window(c, st, d, core=core, coda=coda))(
         cache, here, depth, core_kv, coda_kv)
@@ -221,10 +228,11 @@ def batch_step(params, cache, slots, consts, *, cfg, window_size, mode):
                         is_open=live & ~stop, live_steps=slots.live_steps + live.astype(jnp.int32))
 
 
-def run_program(params, cache, slots, consts, stop_early, *, cfg, window_size, mode):
+def run_program(params, cache, slots, consts, stop_early, *, cfg, window_size, mode,
+                shapes=R.BUCKETED):
     """Steps (:func:`batch_step`) of one pass per live request; with ``stop_early`` it returns
     after the step in which a request that was live at entry finishes (so the host can admit a
-    waiting one)."""
+    waiting one). ``shapes``: the :mod:`alodlm_jax.rows` policy."""
     W.TRACE_COUNTS["batch"] += 1
     entry_live = ~slots.dstate.finished
 
@@ -234,18 +242,19 @@ def run_program(params, cache, slots, consts, stop_early, *, cfg, window_size, m
         return jnp.any(~finished) & ~(stop_early & someone_done)
 
     def step(carry):
-        return batch_step(params, *carry, consts, cfg=cfg, window_size=window_size, mode=mode)
+        return batch_step(params, *carry, consts, cfg=cfg, window_size=window_size, mode=mode,
+                          shapes=shapes)
 
     return jax.lax.while_loop(keep_going, step, (cache, slots))
 
 
 def admit_program(params, cache, slots, slot, prompt, prompt_len, consts, *, cfg, window_size,
-                  capacity):
+                  capacity, shapes=R.BUCKETED):
     """Prefills ``prompt`` into cache slot ``slot``; the slot gets a fresh, topped-up state whose
     first window is packed and not yet open."""
     W.TRACE_COUNTS["admit"] += 1
     take = lambda x: jax.lax.dynamic_index_in_dim(x, slot, 0, keepdims=False)  # noqa: E731
-    member = W.prefill(params, jax.tree_util.tree_map(take, cache), prompt, cfg=cfg)
+    member = W.prefill(params, jax.tree_util.tree_map(take, cache), prompt, cfg=cfg, shapes=shapes)
     cache = jax.tree_util.tree_map(
         lambda x, m: jax.lax.dynamic_update_index_in_dim(x, m, slot, 0), cache, member)
     fresh = fresh_slot(params, cfg, window_size, capacity, prompt_len, consts)
@@ -272,9 +281,10 @@ def fresh_slot(params, cfg, window_size, capacity, prompt_len, consts, finished=
 
 # The batch programs by name, for a layout to jit (alodlm_jax.plan compiles them too).
 JIT = {
-    "batch": Program(run_program, ("cfg", "window_size", "mode"), ("cache", "slots"),
+    "batch": Program(run_program, ("cfg", "window_size", "mode", "shapes"), ("cache", "slots"),
                      per_data_shard="batch"),
-    "admit": Program(admit_program, ("cfg", "window_size", "capacity"), ("cache", "slots"),
+    "admit": Program(admit_program, ("cfg", "window_size", "capacity", "shapes"),
+                     ("cache", "slots"),
                      per_data_shard="admit"),
 }
 
@@ -302,13 +312,15 @@ def compile_batch(engine, bucket: W.Bucket):
     consts = layout.spec(engine.consts())
     i32 = layout.spec(jax.ShapeDtypeStruct((), jnp.int32))
     mode = engine.decode.mode
-    run = engine.get_executable("batch", layout.jit(JIT["batch"]), (bucket, mode), lambda: (
+    shapes = engine.shapes
+    run = engine.get_executable("batch", layout.jit(JIT["batch"]), (bucket, mode, shapes), lambda: (
         (params, cache, slots, consts, layout.spec(jax.ShapeDtypeStruct((), jnp.bool_))),
-        dict(cfg=engine.cfg, window_size=bucket.window_size, mode=mode)))
-    admit = engine.get_executable("admit", layout.jit(JIT["admit"]), (bucket,), lambda: (
+        dict(cfg=engine.cfg, window_size=bucket.window_size, mode=mode, shapes=shapes)))
+    admit = engine.get_executable("admit", layout.jit(JIT["admit"]), (bucket, shapes), lambda: (
         (params, cache, slots, i32,
          layout.spec(jax.ShapeDtypeStruct((bucket.prompt_bucket,), jnp.int32)), i32, consts),
-        dict(cfg=engine.cfg, window_size=bucket.window_size, capacity=bucket.capacity)))
+        dict(cfg=engine.cfg, window_size=bucket.window_size, capacity=bucket.capacity,
+             shapes=shapes)))
     return run, admit
 
 

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from alodlm_jax import model as M
+from alodlm_jax import rows as R
 from alodlm_jax.config import DecodeConfig
 from alodlm_jax.decode import scheduler
 from alodlm_jax.decode import state as S
@@ -47,22 +48,24 @@ from alodlm_jax.decode.window import Bucket
 # ---------------------------------------------------------------------------------------------
 
 
-def single_program(params, cache, prompt, prompt_len, consts, *, cfg, window_size, mode, capacity):
-    """Prefill + outer window loop + inner pass loop, one request. Returns ``(cache, DecodeState)``."""
+def single_program(params, cache, prompt, prompt_len, consts, *, cfg, window_size, mode, capacity,
+                   shapes=R.BUCKETED):
+    """Prefill + outer window loop + inner pass loop, one request. Returns ``(cache, DecodeState)``.
+    ``shapes``: the :mod:`alodlm_jax.rows` policy of every forward."""
     W.TRACE_COUNTS["single"] += 1
-    cache = W.prefill(params, cache, prompt, cfg=cfg)
+    cache = W.prefill(params, cache, prompt, cfg=cfg, shapes=shapes)
     dstate = S.DecodeState.initial(rows=2 * window_size, capacity=capacity,
                                    mask_id=cfg.mask_token_id, cache_len=prompt_len)
     dstate = W.begin(dstate, consts, cfg=cfg, window_size=window_size)
 
     def window_body(carry):
         cache, dstate = carry
-        cache, h, packed, pst = W.open_window(params, cache, dstate, consts, cfg=cfg)
+        cache, h, packed, pst = W.open_window(params, cache, dstate, consts, cfg=cfg, shapes=shapes)
 
         def pass_body(inner):
             s, cache, h, pst, _ = inner
             cache, h, pst, stop, _ = W.window_pass(params, cache, h, packed, pst, s, consts["q"],
-                                                   consts["tau"], cfg=cfg, mode=mode)
+                                                   consts["tau"], cfg=cfg, mode=mode, shapes=shapes)
             return s + 1, cache, h, pst, stop
 
         executed, cache, h, pst, _ = jax.lax.while_loop(
@@ -73,16 +76,17 @@ def single_program(params, cache, prompt, prompt_len, consts, *, cfg, window_siz
     return jax.lax.while_loop(lambda carry: ~carry[1].finished, window_body, (cache, dstate))
 
 
-def prefill_program(params, cache, prompt, *, cfg):
+def prefill_program(params, cache, prompt, *, cfg, shapes=R.BUCKETED):
     """The prefill alone (timed once per bucket to report ``prefill_seconds``)."""
     W.TRACE_COUNTS["prefill"] += 1
-    return W.prefill(params, cache, prompt, cfg=cfg)
+    return W.prefill(params, cache, prompt, cfg=cfg, shapes=shapes)
 
 
 # The engine's programs by name, for a layout to jit (alodlm_jax.plan compiles them too).
 JIT = {
-    "single": Program(single_program, ("cfg", "window_size", "mode", "capacity"), ("cache",)),
-    "prefill": Program(prefill_program, ("cfg",), ("cache",)),
+    "single": Program(single_program, ("cfg", "window_size", "mode", "capacity", "shapes"),
+                      ("cache",)),
+    "prefill": Program(prefill_program, ("cfg", "shapes"), ("cache",)),
 }
 
 
@@ -110,6 +114,8 @@ class CompiledEngine:
       layout: the devices the programs run on (:mod:`.layout`: one device, or a ``("data",
         "model")`` mesh whose ``model`` axis ``params`` are already sharded on); ``batch_size``
         must be a multiple of its ``data``.
+      shapes: the programs' shape policy (:mod:`alodlm_jax.rows`); by default the one of the
+        layout's platform: row and attention buckets on a CPU, one fixed shape on a GPU or TPU.
     """
 
     name = "jax-xla-compiled"
@@ -117,11 +123,14 @@ class CompiledEngine:
     def __init__(self, cfg, params, decode: DecodeConfig, stop_ids: Sequence[int], *,
                  batch_size: int = 1, compilation_cache_dir: str | None = None,
                  measure_prefill: bool = True, cache_slots: int | None = None,
-                 layout: Layout = ONE_DEVICE):
+                 layout: Layout = ONE_DEVICE, shapes: str | None = None):
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         layout.check_batch(batch_size)
+        if shapes is not None and shapes not in R.SHAPES:
+            raise ValueError(f"shapes must be one of {R.SHAPES}, not {shapes!r}")
         self.layout = layout
+        self.shapes = shapes or R.shapes_for(layout.platform)
         enable_persistent_cache(compilation_cache_dir)
         self.cfg = cfg
         self.params = params
@@ -143,7 +152,8 @@ class CompiledEngine:
         return W.consts(self.decode, self.stop_ids)
 
     def bucket_for(self, prompt_len: int, batch: int = 1) -> Bucket:
-        bucket = Bucket.for_request(prompt_len, self.decode, batch)
+        multiple = R.FIXED_SLOT_MULTIPLE if self.shapes == R.FIXED else None
+        bucket = Bucket.for_request(prompt_len, self.decode, batch, slot_multiple=multiple)
         if self.cache_slots is not None:
             if self.cache_slots < bucket.cache_slots:
                 raise ValueError(f"cache_slots must be at least {bucket.cache_slots}")
@@ -196,16 +206,20 @@ class CompiledEngine:
         prompt = layout.spec(jax.ShapeDtypeStruct((bucket.prompt_bucket,), jnp.int32))
         i32 = layout.spec(jax.ShapeDtypeStruct((), jnp.int32))
         consts = layout.spec(self.consts())
-        statics = dict(cfg=cfg, window_size=bucket.window_size, mode=mode, capacity=bucket.capacity)
-        exe = self.get_executable("single", self.layout.jit(JIT["single"]), (bucket, mode), lambda: (
-            (params, cache, prompt, i32, consts), statics))
+        statics = dict(cfg=cfg, window_size=bucket.window_size, mode=mode, capacity=bucket.capacity,
+                       shapes=self.shapes)
+        exe = self.get_executable("single", self.layout.jit(JIT["single"]),
+                                  (bucket, mode, self.shapes),
+                                  lambda: ((params, cache, prompt, i32, consts), statics))
         if self.measure_prefill and bucket not in self._prefill_seconds:
             self._prefill_seconds[bucket] = self._time_prefill(bucket, params, cache, prompt)
         return exe
 
     def _time_prefill(self, bucket: Bucket, params_spec, cache_spec, prompt_spec) -> float:
-        exe = self.get_executable("prefill", self.layout.jit(JIT["prefill"]), (bucket.prompt_bucket, bucket.t_max),
-                                  lambda: ((params_spec, cache_spec, prompt_spec), {"cfg": self.cfg}))
+        exe = self.get_executable("prefill", self.layout.jit(JIT["prefill"]),
+                                  (bucket.prompt_bucket, bucket.t_max, self.shapes),
+                                  lambda: ((params_spec, cache_spec, prompt_spec),
+                                           {"cfg": self.cfg, "shapes": self.shapes}))
         return self.median_prefill_seconds(exe, bucket, jnp.zeros((bucket.prompt_bucket,), jnp.int32))
 
     def median_prefill_seconds(self, exe, bucket: Bucket, ids) -> float:

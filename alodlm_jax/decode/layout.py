@@ -83,6 +83,12 @@ class Layout:
         return 1 if self.mesh is None else SH.model_axis_size(self.mesh)
 
     @property
+    def platform(self) -> str:
+        """The JAX platform the programs run on (``"cpu"``, ``"gpu"``, ``"tpu"``)."""
+        devices = jax.devices() if self.mesh is None else self.mesh.devices.flat
+        return next(iter(devices)).platform
+
+    @property
     def key(self) -> tuple:
         """Part of the program store key: axis sizes and the devices, in mesh order."""
         if self.mesh is None:

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from alodlm_jax import model as M
+from alodlm_jax import rows as R
 from alodlm_jax.config import DecodeConfig
 from alodlm_jax.decode import state as S
 from alodlm_jax.decode.result import DecodeOutput, work_counters
@@ -53,7 +54,10 @@ class Bucket:
     Every engine sizes the cache by one rule (``next_pow2(prompt_bucket + max_new_tokens + W)``,
     at least 64) on purpose: XLA:CPU's attention reductions over the cache are not bitwise
     independent of the buffer length (masked slots included), so equal cache sizes are part of what
-    makes the engines' fp32 outputs identical. A batch adds ``W`` scratch slots.
+    makes the engines' fp32 outputs identical. The compiled engine's
+    :data:`~alodlm_jax.rows.FIXED` shapes, which attend over every slot at every step, round the
+    same sum up to a multiple of :data:`~alodlm_jax.rows.FIXED_SLOT_MULTIPLE` instead
+    (``slot_multiple``). A batch adds ``W`` scratch slots.
     """
 
     prompt_bucket: int
@@ -76,10 +80,15 @@ class Bucket:
         return self.t_max - self.rows
 
     @classmethod
-    def for_request(cls, prompt_len: int, decode: DecodeConfig, batch: int = 1) -> "Bucket":
+    def for_request(cls, prompt_len: int, decode: DecodeConfig, batch: int = 1, *,
+                    slot_multiple: int | None = None) -> "Bucket":
         prompt_bucket = next_pow2(prompt_len)
         rows = 2 * decode.window_size
-        slots = next_pow2(prompt_bucket + decode.max_new_tokens + rows, minimum=64)
+        needed = prompt_bucket + decode.max_new_tokens + rows
+        if slot_multiple:
+            slots = -(-needed // slot_multiple) * slot_multiple
+        else:
+            slots = next_pow2(needed, minimum=64)
         return cls(prompt_bucket, decode.window_size, next_pow2(decode.max_new_tokens), slots, batch)
 
 
@@ -163,16 +172,28 @@ def abstract(tree):
 # ---------------------------------------------------------------------------------------------
 
 
-def prefill(params, cache, ids, cfg):
-    """§6.2: one causal forward over the padded prompt, all K passes, K/V into slots 0..P_b-1."""
+def prefill(params, cache, ids, cfg, shapes=R.BUCKETED):
+    """§6.2: one causal forward over the padded prompt, all K passes, K/V into slots 0..P_b-1.
+
+    :data:`~alodlm_jax.rows.FIXED` attends over the prompt bucket's slots (static) instead of the
+    smallest :func:`~alodlm_jax.model.kv_buckets` length holding them (the same visible slots),
+    and runs the ``K`` passes as one loop rather than unrolled (a quarter of the program)."""
     positions = jnp.arange(ids.shape[0], dtype=jnp.int32)
     start = jnp.int32(0)
-    h, cache = M.prelude(params, cfg, M.embed(params, ids), positions, cache, start)
+    fixed = shapes == R.FIXED
+    attend = dict(kv_len=ids.shape[0], bucketed=False) if fixed else {}
+    h, cache = M.prelude(params, cfg, M.embed(params, ids), positions, cache, start, **attend)
+
+    def one_pass(depth, carry):
+        h, cache = carry
+        h, cache = M.core_pass(params, cfg, h, positions, cache, start, depth, **attend)
+        _, cache = M.readout(params, cfg, h, positions, cache, start, **attend)
+        return M.carry_norm(params, cfg, h), cache  # the next pass's input
+
+    if fixed:
+        return jax.lax.fori_loop(0, cfg.max_depth, one_pass, (h, cache))[1]
     for depth in range(cfg.max_depth):
-        if depth > 0:
-            h = M.carry_norm(params, cfg, h)
-        h, cache = M.core_pass(params, cfg, h, positions, cache, start, jnp.int32(depth))
-        _, cache = M.readout(params, cfg, h, positions, cache, start)
+        h, cache = one_pass(jnp.int32(depth), (h, cache))
     return cache
 
 
@@ -188,9 +209,12 @@ def row_buckets(window_size: int) -> tuple[int, ...]:
     return tuple(sorted({ws, -(-5 * ws // 4), -(-3 * ws // 2), 2 * ws}))
 
 
-def _on_row_bucket(rows: int, needed, make_branch, *operands):
+def _on_row_bucket(rows: int, needed, make_branch, *operands, shapes=R.BUCKETED):
     """``make_branch(n)(*operands)`` for the smallest row bucket ``n`` holding ``needed`` rows: one
-    ``lax.switch`` (``needed`` must not be batched under ``vmap``: a batch passes a shared value)."""
+    ``lax.switch`` (``needed`` must not be batched under ``vmap``: a batch passes a shared value);
+    :data:`~alodlm_jax.rows.FIXED`: all ``rows``, no switch."""
+    if shapes == R.FIXED:
+        return make_branch(rows)(*operands)
     buckets = row_buckets(rows // 2)
     index = jnp.minimum(jnp.sum((jnp.asarray(buckets, jnp.int32) < needed).astype(jnp.int32)),
                         len(buckets) - 1)
@@ -211,7 +235,8 @@ def _pad_kv(kv, rows: int):
     return tuple(_pad_rows(x, rows, axis=1) for x in kv)
 
 
-def window_prelude(params, cache, packed, *, cfg, prefix_limit=None, rows_needed=None):
+def window_prelude(params, cache, packed, *, cfg, prefix_limit=None, rows_needed=None,
+                   shapes=R.BUCKETED):
     """Embedding and prelude of a packed window -> ``(cache, h [W, H])``.
 
     Row buckets and deferred writes: the forward runs on the smallest of :func:`row_buckets` holding
@@ -220,14 +245,16 @@ def window_prelude(params, cache, packed, *, cfg, prefix_limit=None, rows_needed
     the ``lax.switch``. XLA copies a buffer that is updated inside a conditional (the whole cache,
     at every layer, when the layers wrote their slots inside the switch), so the writes stay out
     of it. Rows past the bucket are padding (zeros). ``prefix_limit``: see
-    ``model.run_window_stack`` (a batch passes one limit shared by its requests).
+    ``model.run_window_stack`` (a batch passes one limit shared by its requests). ``shapes``: the
+    :mod:`alodlm_jax.rows` policy (:data:`~alodlm_jax.rows.FIXED`: every row, the whole cache).
     """
     h, kv = prelude_rows(params, cache, packed, cfg=cfg, prefix_limit=prefix_limit,
-                         rows_needed=rows_needed)
+                         rows_needed=rows_needed, shapes=shapes)
     return M.store_window(cache, packed.start, prelude=kv), h
 
 
-def prelude_rows(params, cache, packed, *, cfg, prefix_limit=None, rows_needed=None):
+def prelude_rows(params, cache, packed, *, cfg, prefix_limit=None, rows_needed=None,
+                 shapes=R.BUCKETED):
     """:func:`window_prelude` without the store: ``(h [W, H], (k, v) [L_pre, W, n_kv, d_h])``."""
     rows = packed.ids.shape[0]
 
@@ -235,16 +262,16 @@ def prelude_rows(params, cache, packed, *, cfg, prefix_limit=None, rows_needed=N
         def run(cache):
             h = M.embed(params, packed.ids[:n])
             h, kv = M.prelude_window(params, cfg, h, packed.positions[:n], cache, packed.start,
-                                     prefix_limit=prefix_limit)
+                                     prefix_limit=prefix_limit, bucketed=shapes != R.FIXED)
             return _pad_rows(h, rows), _pad_kv(kv, rows)
         return run
 
     needed = packed.num_rows if rows_needed is None else rows_needed
-    return _on_row_bucket(rows, needed, branch, cache)
+    return _on_row_bucket(rows, needed, branch, cache, shapes=shapes)
 
 
 def window_pass(params, cache, h, packed, pst, depth, q, tau, *, cfg, mode, prefix_limit=None,
-                rows_needed=None):
+                rows_needed=None, shapes=R.BUCKETED):
     """One recurrent pass: inject, core at ``depth``, readout, heads, decision, carry norm.
 
     The core and coda run on the window's row bucket, reading the cache only, and their K/V are
@@ -260,16 +287,17 @@ def window_pass(params, cache, h, packed, pst, depth, q, tau, *, cfg, mode, pref
     def branch(n):
         def run(cache, h_in):
             positions = packed.positions[:n]
+            bucketed = shapes != R.FIXED
             h, core_kv = M.core_window(params, cfg, h_in[:n], positions, cache, packed.start, depth,
-                                       prefix_limit=prefix_limit)
+                                       prefix_limit=prefix_limit, bucketed=bucketed)
             r, coda_kv = M.readout_window(params, cfg, h, positions, cache, packed.start,
-                                          prefix_limit=prefix_limit)
+                                          prefix_limit=prefix_limit, bucketed=bucketed)
             return (_pad_rows(h, rows, fill=h_in), _pad_rows(r, rows), _pad_kv(core_kv, rows),
                     _pad_kv(coda_kv, rows))
         return run
 
     needed = packed.num_rows if rows_needed is None else rows_needed
-    h, r, core_kv, coda_kv = _on_row_bucket(rows, needed, branch, cache, h)
+    h, r, core_kv, coda_kv = _on_row_bucket(rows, needed, branch, cache, h, shapes=shapes)
     cache = M.store_window(cache, packed.start, depth, core=core_kv, coda=coda_kv)
     pred, entropy = token_heads(params, r, packed, rows // 2)
     hazard = M.gate_hazard(params, r, depth)
@@ -308,15 +336,16 @@ def begin(dstate, consts, *, cfg, window_size):
                           stop_ids=consts["stop_ids"], mask_id=cfg.mask_token_id)
 
 
-def open_window(params, cache, dstate, consts, *, cfg, prefix_limit=None, rows_needed=None):
+def open_window(params, cache, dstate, consts, *, cfg, prefix_limit=None, rows_needed=None,
+                shapes=R.BUCKETED):
     """§6.5 step 4 and the window's one-time part of §2.4: packing, embedding, prelude.
 
     ``prefix_limit``, ``rows_needed``: a batch passes values shared by its requests
-    (:func:`window_prelude`)."""
+    (:func:`window_prelude`); ``shapes``: the :mod:`alodlm_jax.rows` policy."""
     packed = S.pack_window(dstate.window, dstate.cache_len, mask_id=cfg.mask_token_id)
     pst = S.init_pass_state(packed, consts["penalty"])
     cache, h = window_prelude(params, cache, packed, cfg=cfg, prefix_limit=prefix_limit,
-                              rows_needed=rows_needed)
+                              rows_needed=rows_needed, shapes=shapes)
     return cache, h, packed, pst
 
 

@@ -30,6 +30,7 @@ import time
 
 import jax
 
+from alodlm_jax.params import per_layer_weights
 from alodlm_jax.plan import hlo
 from alodlm_jax.plan.programs import PlannedProgram, evaluate_programs, place
 
@@ -50,16 +51,19 @@ def tree_bytes(tree) -> int:
     return int(sum(one(x) for x in jax.tree_util.tree_leaves(tree)))
 
 
-def floor_bytes(cfg, params_spec, bucket, batch: int) -> int:
+def floor_bytes(cfg, params_spec, bucket, batch: int, *, prelude: bool = True) -> int:
     """What one step must move at least (the floor of ``batched.step_analysis``): every weight it
     multiplies once (all but the embedding, which is read by rows), and each request's K/V for the
-    bucket's cache slots at one depth of every layer plus its window rows written back."""
+    bucket's cache slots at one depth of every layer plus its window rows written back. Without
+    ``prelude`` (the single-request program's step, one recurrent pass: a window runs its prelude
+    once, outside the passes), the prelude's layers are left out."""
     item = jax.numpy.dtype(params_spec["embed"].dtype).itemsize
+    skipped = {"['embed']"} | (set() if prelude else {"['prelude']"})
     weights = sum(math.prod(x.shape) * jax.numpy.dtype(x.dtype).itemsize
                   for path, x in jax.tree_util.tree_leaves_with_path(params_spec)
-                  if jax.tree_util.keystr(path[:1]) != "['embed']")
+                  if jax.tree_util.keystr(path[:1]) not in skipped)
     row_kv = cfg.num_key_value_heads * cfg.head_dim * item
-    layers = cfg.num_prelude_layers + cfg.num_core_layers + cfg.num_coda_layers
+    layers = (cfg.num_prelude_layers if prelude else 0) + cfg.num_core_layers + cfg.num_coda_layers
     return int(weights + 2 * batch * layers * row_kv * (bucket.t_max + bucket.rows))
 
 
@@ -157,15 +161,20 @@ def max_batch_size(programs: list[dict], capacity: int | None, data: int = 1) ->
 
 def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: int, mesh_spec=None,
          programs=None, batch_programs: bool = False, save_hlo: str | None = None,
-         log=None) -> dict:
+         log=None, shapes: str | None = None) -> dict:
     """Compiles evaluate's programs for ``target`` and returns the plan record (module
     docstring). ``mesh_spec``: an :class:`alodlm_jax.sharding.MeshSpec` over the target's
-    devices (None: one device). ``log(text)`` hears about each compile as it starts."""
+    devices (None: one device). ``log(text)`` hears about each compile as it starts.
+    ``shapes``: the programs' shape policy (:mod:`alodlm_jax.rows`), by default the one the
+    engine picks on the target's platform."""
+    from alodlm_jax import rows as R
     from alodlm_jax.decode.layout import for_mesh
 
     devices = target.devices()
+    shapes = shapes or R.shapes_for(devices[0].platform)
     layout = None
     data = 1
+    stacked = not per_layer_weights(devices[0].platform)
     if mesh_spec is not None and mesh_spec.num_devices > 1:
         from alodlm_jax import sharding as SH
 
@@ -173,16 +182,22 @@ def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: in
         layout = for_mesh(mesh)
         params_spec = _sharded_params(params_spec, mesh, cfg)
         data = mesh_spec.data
+        stacked = True
+    elif stacked:
+        params_spec = _stacked_params(params_spec, cfg)
     names = programs
     programs, bucket = evaluate_programs(cfg, params_spec, decode, prompt_tokens=prompt_tokens,
                                          batch_size=batch_size, layout=layout,
-                                         batch_programs=batch_programs)
+                                         batch_programs=batch_programs, shapes=shapes)
     records = []
     for program in programs:
         if names is not None and program.name not in names:
             continue
         args = program.args if layout is not None else place(program.args, devices[0])
-        floor = floor_bytes(cfg, params_spec, bucket, program.batch)
+        # The single-request program's step is one pass (no prelude); a batch step's heaviest
+        # branch opens every window (prelude included).
+        floor = floor_bytes(cfg, params_spec, bucket, program.batch,
+                            prelude=program.step_depth != 2)
         if log:
             log(f"compiling {program.name} (batch {program.batch}) for {target.name}")
         start = time.perf_counter()
@@ -214,8 +229,11 @@ def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: in
         "dtype": str(params_spec["embed"].dtype),
         "batch_size": batch_size,
         "mesh": None if mesh_spec is None else {"data": mesh_spec.data, "model": mesh_spec.model},
-        # As evaluate loads them: per-layer arrays on one device, stacked layer groups on a mesh.
-        "layer_layout": "per-layer" if layout is None else "stacked",
+        # As evaluate loads them (params.per_layer_weights): per-layer arrays on one CPU or GPU,
+        # stacked layer groups on a TPU and on a mesh.
+        "layer_layout": "stacked" if stacked else "per-layer",
+        # Row and attention buckets (XLA:CPU), or one fixed shape (accelerators): rows.shapes_for.
+        "shapes": shapes,
         "prompt_tokens": prompt_tokens,
         "bucket": {"prompt_bucket": bucket.prompt_bucket, "window_size": bucket.window_size,
                    "capacity": bucket.capacity, "cache_slots": bucket.t_max},
@@ -235,17 +253,12 @@ def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: in
     }
 
 
-def _sharded_params(params_spec, mesh, cfg):
-    """The abstract params as a mesh run loads them (:func:`alodlm_jax.sharding.load_sharded_model`:
-    each layer group stacked on a leading layer axis, one ``lax.scan`` in the programs), with the
-    mesh's shardings (the rules of :mod:`alodlm_jax.sharding`)."""
-    from jax.sharding import NamedSharding
-
+def _stacked_params(params_spec, cfg):
+    """The abstract params with each layer group stacked on a leading layer axis (one
+    ``lax.scan`` in the programs), as a TPU or a mesh run loads them."""
     from alodlm_convert.mapping import layer_shapes
     from alodlm_jax import sharding as SH
 
-    SH.check_divisibility(cfg, SH.model_axis_size(mesh))
-    specs = SH.param_specs()
     dtype = params_spec["embed"].dtype
     sizes = {"prelude": cfg.num_prelude_layers, "core": cfg.num_core_layers,
              "coda": cfg.num_coda_layers}
@@ -253,6 +266,18 @@ def _sharded_params(params_spec, mesh, cfg):
     for group in SH.LAYER_GROUPS:
         stacked[group] = {key: jax.ShapeDtypeStruct((sizes[group],) + tuple(shape), dtype)
                           for key, shape in layer_shapes(cfg).items()}
+    return stacked
+
+
+def _sharded_params(params_spec, mesh, cfg):
+    """The abstract params as a mesh run loads them (:func:`alodlm_jax.sharding.load_sharded_model`:
+    stacked, :func:`_stacked_params`), with the mesh's shardings (the rules of
+    :mod:`alodlm_jax.sharding`)."""
+    from jax.sharding import NamedSharding
+
+    from alodlm_jax import sharding as SH
+
+    SH.check_divisibility(cfg, SH.model_axis_size(mesh))
     return jax.tree_util.tree_map(
         lambda x, spec: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, spec)),
-        stacked, specs)
+        _stacked_params(params_spec, cfg), SH.param_specs())

@@ -41,18 +41,22 @@ class PlannedProgram:
 
 
 def evaluate_programs(cfg, params_spec, decode, *, prompt_tokens: int, batch_size: int,
-                      layout=None, batch_programs: bool = False) -> tuple[list[PlannedProgram], Any]:
+                      layout=None, batch_programs: bool = False,
+                      shapes: str | None = None) -> tuple[list[PlannedProgram], Any]:
     """The programs evaluate compiles for a suite whose longest prompt has ``prompt_tokens``
     tokens, and the bucket they share. ``layout``: a :class:`alodlm_jax.decode.layout.Layout`
     (a mesh), or None for one device. ``batch_programs``: the batch and admit programs even at
-    batch 1 (what ``CompiledEngine.generate_batch`` runs there)."""
+    batch 1 (what ``CompiledEngine.generate_batch`` runs there). ``shapes``: the programs' shape
+    policy (:mod:`alodlm_jax.rows`; the engine picks it from its platform, which for a target
+    compiled deviceless is not this process's, so the caller names it)."""
     from alodlm_jax.decode import batched
     from alodlm_jax.decode import compiled as C
     from alodlm_jax.decode.layout import ONE_DEVICE
 
     layout = layout or ONE_DEVICE
     engine = C.CompiledEngine(cfg, params_spec, decode, [], batch_size=batch_size,
-                              measure_prefill=False, layout=layout)
+                              measure_prefill=False, layout=layout, shapes=shapes)
+    shapes = engine.shapes
     params = jax.tree_util.tree_map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
         params_spec)
@@ -65,11 +69,11 @@ def evaluate_programs(cfg, params_spec, decode, *, prompt_tokens: int, batch_siz
         single = C.JIT["single"]
         prefill = C.JIT["prefill"]
         statics = dict(cfg=cfg, window_size=bucket.window_size, mode=decode.mode,
-                       capacity=bucket.capacity)
+                       capacity=bucket.capacity, shapes=shapes)
         return [PlannedProgram("single", layout.jit(single), (params, cache, prompt, i32, consts),
                                statics, step_depth=2, batch=1),
                 PlannedProgram("prefill", layout.jit(prefill), (params, cache, prompt),
-                               {"cfg": cfg}, step_depth=0, batch=1)], bucket
+                               {"cfg": cfg, "shapes": shapes}, step_depth=0, batch=1)], bucket
     bucket = engine.bucket_for(prompt_tokens, batch=batch_size)
     cache = engine.cache_spec(bucket, batched=True)
     slots = jax.eval_shape(lambda: batched.new_slots(engine, bucket))
@@ -78,11 +82,13 @@ def evaluate_programs(cfg, params_spec, decode, *, prompt_tokens: int, batch_siz
     flag = layout.spec(jax.ShapeDtypeStruct((), jnp.bool_))
     return [PlannedProgram("batch", layout.jit(batched.JIT["batch"]),
                            (params, cache, slots, consts, flag),
-                           dict(cfg=cfg, window_size=bucket.window_size, mode=decode.mode),
+                           dict(cfg=cfg, window_size=bucket.window_size, mode=decode.mode,
+                                shapes=shapes),
                            step_depth=1, batch=batch_size),
             PlannedProgram("admit", layout.jit(batched.JIT["admit"]),
                            (params, cache, slots, i32, prompt, i32, consts),
-                           dict(cfg=cfg, window_size=bucket.window_size, capacity=bucket.capacity),
+                           dict(cfg=cfg, window_size=bucket.window_size, capacity=bucket.capacity,
+                                shapes=shapes),
                            step_depth=0, batch=batch_size)], bucket
 
 

@@ -112,3 +112,26 @@ def test_every_batch_size_and_mode_equals_single_requests(checkpoints, batch_siz
         np.testing.assert_allclose(together.first_pass_halt_probabilities,
                                    alone.first_pass_halt_probabilities, rtol=0, atol=1e-6)
     assert engine.last_live_steps == {i: s.recurrent_passes for i, s in enumerate(singles)}
+
+
+@pytest.mark.parametrize("mode", ["entropy", "left1"])
+def test_fixed_shapes_equal_bucketed(checkpoints, mode):
+    """The accelerators' shape policy (one row shape, in-order lanes, attention over the whole
+    cache: no switch), forced here on the CPU, decodes every request as the CPU's buckets do, alone
+    and in a batch whose requests come and go."""
+    cfg, params = checkpoints.get("sandwich", 1, 24.0)
+    decode = DecodeConfig(q=0.5, tau=2.5, window_size=4, max_new_tokens=24, mode=mode)
+    bucketed = CompiledEngine(cfg, params, decode, [2, 23], batch_size=3, measure_prefill=False)
+    fixed = CompiledEngine(cfg, params, decode, [2, 23], batch_size=3, measure_prefill=False,
+                           shapes="fixed")
+    assert bucketed.shapes == "bucketed"  # the CPU's own policy
+    reference = [bucketed.generate(p) for p in PROMPTS]
+    alone = [fixed.generate(p) for p in PROMPTS[:2]]
+    together = fixed.generate_batch(PROMPTS)
+    for want, got in zip(reference[:2] + reference, alone + together):
+        assert _exact(got) == _exact(want)
+        np.testing.assert_allclose(got.first_pass_halt_probabilities,
+                                   want.first_pass_halt_probabilities, rtol=0, atol=1e-6)
+    assert fixed.last_live_steps == {i: s.recurrent_passes for i, s in enumerate(reference)}
+    with pytest.raises(ValueError, match="shapes must be one of"):
+        CompiledEngine(cfg, params, decode, [2], shapes="ragged")

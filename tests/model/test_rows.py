@@ -75,3 +75,48 @@ def test_step_shapes_bound_the_lanes_and_the_last_holds_every_step():
     assert pick([32] * 8) == (256, 8)
     assert pick([0] * 8) == (64, 4)
     assert pick([33] * 8) == (256, 8)  # nothing holds it: the last shape
+
+
+@pytest.mark.parametrize("counts", [[3, 0, 5, 1], [0, 2, 0, 0], [0, 0, 0, 0]])
+def test_in_order_lanes_hold_each_request_in_its_own_lane(counts):
+    """FIXED's lanes: lane b is request b (valid where it has rows), and the lane layout round-trips
+    as the compacted lanes do."""
+    batch, rows = len(counts), 8
+    (size, lanes), = R.step_shapes(batch, rows, R.FIXED)
+    assert (size, lanes) == (batch * rows, batch)
+    x = jnp.arange(batch * rows * 3, dtype=jnp.float32).reshape(batch, rows, 3) + 1
+    m = R.row_map(jnp.asarray(counts), size, lanes, in_order=True)
+    assert m.in_order and np.asarray(m.lane).tolist() == list(range(batch))
+    assert np.asarray(m.lane_valid).tolist() == [c > 0 for c in counts]
+    compact = R.to_rows(x, m)
+    in_lanes = np.asarray(R.to_lanes(compact, m, rows))
+    for b in range(batch):
+        np.testing.assert_array_equal(in_lanes[b, :counts[b]], np.asarray(x[b, :counts[b]]))
+        assert not in_lanes[b, counts[b]:].any()
+    np.testing.assert_array_equal(np.asarray(R.from_lanes(jnp.asarray(in_lanes), m)),
+                                  np.asarray(compact))
+    per_lane = jnp.arange(batch, dtype=jnp.int32) + 10
+    assert np.asarray(R.lanes_to_batch(per_lane, m)).tolist() == [
+        10 + b if counts[b] else 0 for b in range(batch)]
+    np.testing.assert_array_equal(np.asarray(R.by_lane(per_lane, m)), np.asarray(per_lane))
+    with pytest.raises(ValueError, match="one lane per request"):
+        R.row_map(jnp.asarray(counts), size, batch - 1, in_order=True)
+
+
+def test_each_platform_has_its_shape_policy_and_layer_layout():
+    from alodlm_jax.params import per_layer_weights
+
+    assert R.shapes_for("cpu") == R.BUCKETED
+    assert R.shapes_for("gpu") == R.shapes_for("tpu") == R.shapes_for("cuda") == R.FIXED
+    assert per_layer_weights("cpu") and per_layer_weights("gpu") and not per_layer_weights("tpu")
+
+
+def test_fixed_shapes_size_the_cache_to_a_multiple_not_a_power_of_two():
+    from alodlm_jax.config import DecodeConfig
+    from alodlm_jax.decode.window import Bucket
+
+    decode = DecodeConfig(window_size=16, max_new_tokens=4096)
+    # A 1,000-token prompt: bucket 1,024, plus 4,096 new tokens and a 32-row window = 5,152 slots.
+    assert Bucket.for_request(1000, decode).cache_slots == 8192
+    fixed = Bucket.for_request(1000, decode, 8, slot_multiple=R.FIXED_SLOT_MULTIPLE)
+    assert fixed.cache_slots == 5376 and fixed.t_max == 5376 + 32  # batch scratch rows on top

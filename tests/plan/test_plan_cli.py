@@ -67,8 +67,10 @@ def test_a_mesh_over_the_tpu_topology_splits_the_weights(tmp_path):
     assert status == 0
     status, split = _run(tmp_path, "--target", "v5p", "--programs", "prefill", "--mesh", "model=2")
     assert status == 0 and split["mesh"] == {"data": 1, "model": 2}
-    # As evaluate loads them: per-layer arrays on one device, stacked layer groups on a mesh.
-    assert (one["layer_layout"], split["layer_layout"]) == ("per-layer", "stacked")
+    # As evaluate loads them: stacked layer groups on a TPU, one device or a mesh; and the
+    # accelerators' one fixed shape.
+    assert (one["layer_layout"], split["layer_layout"]) == ("stacked", "stacked")
+    assert one["shapes"] == split["shapes"] == "fixed"
     # Per device: each of the two holds half of every split weight (norms and the gate are whole).
     assert split["programs"][0]["weight_bytes"] < 0.6 * one["programs"][0]["weight_bytes"]
 
@@ -80,6 +82,8 @@ def test_gpu_target_reports_an_impossible_batch_as_not_fitting(tmp_path, capsys)
                                    "4000000", "--programs", "admit")
     assert status == 0
     assert record["device"].startswith("gpu")
+    # As evaluate runs on one GPU: per-layer weights, the accelerators' fixed shapes.
+    assert (record["layer_layout"], record["shapes"]) == ("per-layer", "fixed")
     (program,) = record["programs"]
     assert set(PROGRAM_KEYS) <= set(program) and program["name"] == "admit"
     assert program["fits"] is False and record["fits"] is False
