@@ -16,10 +16,10 @@ The network runs on the live requests' valid rows packed into one matrix (:mod:`
 a ``lax.switch`` over :func:`alodlm_jax.rows.step_shapes`; one shape, every row, under the
 accelerators' :data:`~alodlm_jax.rows.FIXED` policy); attention, which reads each request's own
 cache at its own depth, and the heads run per request in the *lanes* of the requests with rows
-(lane ``b`` is request ``b`` under ``FIXED``). Windows are not synchronized: a request whose window stops starts its next window at the
-next step. Finished or empty slots idle: they contribute no rows, and their cache writes go to the
-scratch slots (``Bucket.scratch_start``), so a request's real cache is exactly as if it had
-decoded alone. Each request's arithmetic is the single-request arithmetic up to the shared
+(lane ``b`` is request ``b`` under ``FIXED``). Windows are not synchronized: a request whose
+window stops starts its next window at the next step. Finished or empty slots idle: they
+contribute no rows, and their cache writes go to the scratch slots (``Bucket.scratch_start``), so
+a request's real cache is exactly as if it had decoded alone. Each request's arithmetic is the single-request arithmetic up to the shared
 attention bucket and the packed row count (which change only the length of fp32 reductions and
 the row count of matrix products), so each request's outputs equal decoding it alone.
 

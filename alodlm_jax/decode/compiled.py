@@ -95,6 +95,14 @@ JIT = {
 # ---------------------------------------------------------------------------------------------
 
 
+def _platform(params, layout: Layout) -> str:
+    """The JAX platform of ``params`` (where the programs run), or the layout's."""
+    leaf = jax.tree_util.tree_leaves(params)[0]
+    if isinstance(leaf, jax.Array):
+        return next(iter(leaf.devices())).platform
+    return layout.platform
+
+
 class CompiledEngine:
     """Greedy adaptive decoding where one request is one compiled XLA program execution.
 
@@ -115,7 +123,8 @@ class CompiledEngine:
         "model")`` mesh whose ``model`` axis ``params`` are already sharded on); ``batch_size``
         must be a multiple of its ``data``.
       shapes: the programs' shape policy (:mod:`alodlm_jax.rows`); by default the one of the
-        layout's platform: row and attention buckets on a CPU, one fixed shape on a GPU or TPU.
+        platform the params are on (the layout's, for abstract params): row and attention buckets
+        on a CPU, one fixed shape on a GPU or TPU.
     """
 
     name = "jax-xla-compiled"
@@ -130,7 +139,7 @@ class CompiledEngine:
         if shapes is not None and shapes not in R.SHAPES:
             raise ValueError(f"shapes must be one of {R.SHAPES}, not {shapes!r}")
         self.layout = layout
-        self.shapes = shapes or R.shapes_for(layout.platform)
+        self.shapes = shapes or R.shapes_for(_platform(params, layout))
         enable_persistent_cache(compilation_cache_dir)
         self.cfg = cfg
         self.params = params
