@@ -63,9 +63,11 @@ class RowMap:
       offset, count: int32[B] — each request's first compact row and number of rows.
       lane: int32[A] — the request in each lane (0 for a lane left over).
       lane_valid: bool[A] — a lane holding a request with rows.
-      lane_of: int32[B] — each request's lane (0 for a request without rows).
+      lane_of: int32[B] — each request's lane (0 for a request without rows; ``b`` with
+        ``in_order``).
       in_order: static — lane ``b`` is request ``b`` (``A == B``; :data:`FIXED`), so attention
-        reads each lane's cache along the batch axis instead of gathering it.
+        takes lane ``b``'s cache at batch index ``b`` rather than looking its request up (each
+        request's depth is still a per-request read, :func:`alodlm_jax.model._attend_in_copy`).
     """
 
     slot: jax.Array
