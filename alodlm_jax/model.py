@@ -501,7 +501,7 @@ def _layer_loop(stack, layer, h, kv_axis: int = 0):
 
 def _window_layer_rows(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax.Array,
                        k_all: jax.Array, v_all: jax.Array, layer, depth, start: jax.Array,
-                       kv_bucket: jax.Array, m: R.RowMap, rows: int):
+                       kv_bucket: jax.Array, m: R.RowMap, rows: int, kernel: bool = False):
     """:func:`_window_layer` for ``B`` requests: compact rows ``h [R, H]``, the batch's cache
     buffers ``[B, L, (K,) T, n_kv, d_h]``, per-request ``start`` and ``depth`` ``[B]``.
 
@@ -509,7 +509,8 @@ def _window_layer_rows(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin
     n_kv, d_h]`` (zeros past each request's rows). Attention runs in the ``A`` lanes of
     :class:`~alodlm_jax.rows.RowMap`: each lane's queries attend over its request's prefix (read
     from the batch's buffers at that request's index and depth) and window rows exactly as
-    :func:`_window_layer` does."""
+    :func:`_window_layer` does. ``kernel`` (in-order lanes only): the lanes attend in
+    :func:`alodlm_jax.window_kernel.window_attention` (interpreted off a TPU) instead."""
     q, k, v = _qkv(lp, eps, h, cos, sin)
     k = k.astype(k_all.dtype)
     v = v.astype(v_all.dtype)
@@ -518,6 +519,8 @@ def _window_layer_rows(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin
 
     def attend_first(size, q, k, v, k_all, v_all):
         depth_axis = None if depth is None else 0
+        if m.in_order and kernel:
+            return _kernel_attention(q, k, v, k_all, v_all, layer, depth, start)
         if m.in_order:  # FIXED: lane b is request b, and reads its own entry of the batch axis
             # The copies of the prefixes depend only on the cache: without the barrier XLA:GPU
             # made every layer's ahead of the layers, all alive at once (the 8B's batch-32 step
@@ -544,9 +547,29 @@ def _window_layer_rows(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin
             R.from_rows(v, m, rows))
 
 
+def _kernel_attention(q, k, v, k_all, v_all, layer, depth, start):
+    """``vmap(_attend_in_copy)`` of in-order lanes by :mod:`alodlm_jax.window_kernel`: the Mosaic
+    kernel when lowered for a TPU (the XLA form where it does not support the shapes), Pallas's
+    interpreter elsewhere (tests on the CPU)."""
+    from alodlm_jax import window_kernel as WK
+
+    def on_tpu(*operands):
+        if WK.supported(k.shape[-2], k.shape[-1], k_all.dtype):
+            return WK.window_attention(*operands)
+        in_copy = functools.partial(_attend_in_copy, layer=operands[5], size=k_all.shape[-3])
+        return jax.vmap(in_copy, in_axes=(0, 0, 0, 0, 0, 0, None if depth is None else 0))(
+            *operands[:5], operands[7], operands[6])
+
+    def interpreted(*operands):
+        return WK.window_attention(*operands, interpret=True)
+
+    return jax.lax.platform_dependent(q, k, v, k_all, v_all, layer, depth, start, tpu=on_tpu,
+                                      default=interpreted)
+
+
 def run_window_rows(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Array, m: R.RowMap,
                     k_all: jax.Array, v_all: jax.Array, start: jax.Array, depth=None, *,
-                    prefix_limit, rows: int, bucketed: bool = True):
+                    prefix_limit, rows: int, bucketed: bool = True, kernel: bool = False):
     """:func:`run_window_stack` for ``B`` requests on packed rows (:class:`~alodlm_jax.rows.RowMap`).
 
     ``h [R, H]`` and ``positions [R]`` are compact; ``k_all``/``v_all`` the batch's buffers
@@ -555,7 +578,7 @@ def run_window_rows(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Arra
     ``(h [R, H], k_new, v_new)`` with ``k_new``/``v_new`` ``[B, L, rows, n_kv, d_h]`` for
     :func:`store_window` per request. Reads the cache only, like :func:`run_window_stack`. With
     in-order lanes (:data:`~alodlm_jax.rows.FIXED`) each lane attends as :func:`_attend_in_copy`
-    does.
+    does; ``kernel`` (:data:`~alodlm_jax.rows.KERNEL`): in :mod:`alodlm_jax.window_kernel`.
     """
     n = _num_layers(stack)
     batch = k_all.shape[0]
@@ -570,7 +593,7 @@ def run_window_rows(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Arra
 
     def layer(lp, i, h):
         return _window_layer_rows(lp, eps, h, cos, sin, k_all, v_all, i, depth, start, kv_bucket,
-                                  m, rows)
+                                  m, rows, kernel)
 
     return _layer_loop(stack, layer, h, kv_axis=1)
 

@@ -18,8 +18,15 @@ Two shape policies (a static argument of the compiled programs, :func:`shapes_fo
   the same for 64 or 512 rows, and each branch multiplies the compile time (the 1.7B's batch-8
   program for a v5p, layers stacked: 312 s bucketed, 19 s fixed; ``docs/plan.md``).
 
-Both give the same tokens: buckets change only the number of rows of matrix products and the
-length of fp32 attention reductions over masked slots (exact zeros), as batching does.
+* :data:`KERNEL` (one TPU): :data:`FIXED`'s shapes, and the batch step's attention in a Pallas
+  kernel that reads each request's K/V where it lies in the cache (:mod:`alodlm_jax.window_kernel`)
+  instead of XLA's copy of each request's prefix, which XLA:TPU expands into loops (the 8B's
+  batch-32 step: 33.7k kernels). On a mesh the programs keep :data:`FIXED` (the kernel is not
+  partitioned across devices).
+
+All give the same tokens: buckets change only the number of rows of matrix products and the
+length of fp32 attention reductions over masked slots (exact zeros), as batching does; the
+kernel sums the same softmax in blocks (equal to rounding in fp32, tested in interpret mode).
 """
 
 from __future__ import annotations
@@ -30,17 +37,26 @@ from flax import struct
 
 BUCKETED = "bucketed"
 FIXED = "fixed"
-SHAPES = (BUCKETED, FIXED)
+KERNEL = "fixed-kernel"
+SHAPES = (BUCKETED, FIXED, KERNEL)
 # FIXED's cache: every step attends over every slot, so the slot count is the prompt bucket plus
 # the budget plus a window rounded up to a multiple of this (TPU tiles are 8 x 128, GPU blocks 128
 # wide) rather than to a power of two (:meth:`alodlm_jax.decode.window.Bucket.for_request`).
 FIXED_SLOT_MULTIPLE = 256
 
 
-def shapes_for(platform: str) -> str:
-    """The shape policy of the programs compiled for a JAX ``platform`` (module docstring):
-    :data:`BUCKETED` on ``"cpu"``, :data:`FIXED` on every accelerator."""
-    return BUCKETED if platform == "cpu" else FIXED
+def shapes_for(platform: str, devices: int = 1) -> str:
+    """The shape policy of the programs compiled for a JAX ``platform`` on ``devices`` devices
+    (module docstring): :data:`BUCKETED` on ``"cpu"``, :data:`KERNEL` on one TPU, :data:`FIXED`
+    on every other accelerator layout."""
+    if platform == "cpu":
+        return BUCKETED
+    return KERNEL if platform == "tpu" and devices == 1 else FIXED
+
+
+def is_fixed(shapes: str) -> bool:
+    """Whether ``shapes`` is one fixed shape per program (:data:`FIXED`, :data:`KERNEL`)."""
+    return shapes != BUCKETED
 
 
 @struct.dataclass
@@ -134,7 +150,7 @@ def step_shapes(batch: int, rows: int, shapes: str = BUCKETED) -> tuple[tuple[in
     count would save more in the tail but costs compilation (one more copy of the network per
     shape: +53 % compile time for the small bench model at batch 8 with one single-lane shape).
     """
-    if shapes == FIXED:
+    if is_fixed(shapes):
         return ((batch * rows, batch),)
     totals = row_totals(batch, rows)
     half = max(1, rows // 2)

@@ -100,11 +100,13 @@ def _prelude_rows(params, cache, packed, opening, prefix_limit, *, cfg, rows, sh
             h = M.embed(params, R.to_rows(packed.ids, m))
             h, k, v = M.run_window_rows(params["prelude"], cfg, h, R.to_rows(packed.positions, m), m,
                                         cache.prelude_k, cache.prelude_v, packed.start,
-                                        prefix_limit=prefix_limit, rows=rows, bucketed=not fixed)
+                                        prefix_limit=prefix_limit, rows=rows, bucketed=not fixed,
+                                        kernel=kernel)
             return R.from_rows(h, m, rows), (k, v)
         return run
 
-    fixed = shapes == R.FIXED
+    fixed = R.is_fixed(shapes)
+    kernel = shapes == R.KERNEL
     return _on_rows(counts, ((0, 0),) + R.step_shapes(batch, rows, shapes), branch, cache)
 
 
@@ -124,10 +126,10 @@ def _pass_rows(params, cache, h, packed, depth, live, prefix_limit, *, cfg, rows
             h, *core_kv = M.run_window_rows(params["core"], cfg, R.to_rows(h_in, m), positions, m,
                                             cache.core_k, cache.core_v, packed.start, depth,
                                             prefix_limit=prefix_limit, rows=rows,
-                                            bucketed=not fixed)
+                                            bucketed=not fixed, kernel=kernel)
             r, *coda_kv = M.run_window_rows(params["coda"], cfg, h, positions, m, cache.coda_k,
                                             cache.coda_v, packed.start, prefix_limit=prefix_limit,
-                                            rows=rows, bucketed=not fixed)
+                                            rows=rows, bucketed=not fixed, kernel=kernel)
             r = R.to_lanes(M.rms_norm(r, params["final_norm"], cfg.rms_norm_eps), m, rows)
             lane_packed = jax.tree_util.tree_map(lambda x: R.by_lane(x, m), packed)
             pred, entropy = jax.vmap(W.token_heads, (None, 0, 0, None))(params, r, lane_packed,
@@ -137,7 +139,8 @@ def _pass_rows(params, cache, h, packed, depth, live, prefix_limit, *, cfg, rows
             return R.from_rows(h, m, rows, fill=h_in), outputs, tuple(core_kv), tuple(coda_kv)
         return run
 
-    fixed = shapes == R.FIXED
+    fixed = R.is_fixed(shapes)
+    kernel = shapes == R.KERNEL
     return _on_rows(counts, R.step_shapes(batch, rows, shapes), branch, cache, h)
 
 

@@ -139,7 +139,7 @@ class CompiledEngine:
         if shapes is not None and shapes not in R.SHAPES:
             raise ValueError(f"shapes must be one of {R.SHAPES}, not {shapes!r}")
         self.layout = layout
-        self.shapes = shapes or R.shapes_for(_platform(params, layout))
+        self.shapes = shapes or R.shapes_for(_platform(params, layout), layout.data * layout.model)
         enable_persistent_cache(compilation_cache_dir)
         self.cfg = cfg
         self.params = params
@@ -161,7 +161,7 @@ class CompiledEngine:
         return W.consts(self.decode, self.stop_ids)
 
     def bucket_for(self, prompt_len: int, batch: int = 1) -> Bucket:
-        multiple = R.FIXED_SLOT_MULTIPLE if self.shapes == R.FIXED else None
+        multiple = R.FIXED_SLOT_MULTIPLE if R.is_fixed(self.shapes) else None
         bucket = Bucket.for_request(prompt_len, self.decode, batch, slot_multiple=multiple)
         if self.cache_slots is not None:
             if self.cache_slots < bucket.cache_slots:

@@ -57,7 +57,9 @@ class Bucket:
     makes the engines' fp32 outputs identical. The compiled engine's
     :data:`~alodlm_jax.rows.FIXED` shapes, which attend over every slot at every step, round the
     same sum up to a multiple of :data:`~alodlm_jax.rows.FIXED_SLOT_MULTIPLE` instead
-    (``slot_multiple``). A batch adds ``W`` scratch slots.
+    (``slot_multiple``; for a batch, the sum with the scratch slots, so that :attr:`t_max` is the
+    multiple: the TPU attention kernel reads the cache in blocks of 256 or 512 slots). A batch adds
+    ``W`` scratch slots.
     """
 
     prompt_bucket: int
@@ -85,8 +87,9 @@ class Bucket:
         prompt_bucket = next_pow2(prompt_len)
         rows = 2 * decode.window_size
         needed = prompt_bucket + decode.max_new_tokens + rows
-        if slot_multiple:
-            slots = -(-needed // slot_multiple) * slot_multiple
+        if slot_multiple:  # the batch's t_max (with its scratch rows) a multiple
+            scratch = rows if batch > 1 else 0
+            slots = -(-(needed + scratch) // slot_multiple) * slot_multiple - scratch
         else:
             slots = next_pow2(needed, minimum=64)
         return cls(prompt_bucket, decode.window_size, next_pow2(decode.max_new_tokens), slots, batch)
@@ -180,7 +183,7 @@ def prefill(params, cache, ids, cfg, shapes=R.BUCKETED):
     and runs the ``K`` passes as one loop rather than unrolled (a quarter of the program)."""
     positions = jnp.arange(ids.shape[0], dtype=jnp.int32)
     start = jnp.int32(0)
-    fixed = shapes == R.FIXED
+    fixed = R.is_fixed(shapes)
     attend = dict(kv_len=ids.shape[0], bucketed=False) if fixed else {}
     h, cache = M.prelude(params, cfg, M.embed(params, ids), positions, cache, start, **attend)
 
@@ -213,7 +216,7 @@ def _on_row_bucket(rows: int, needed, make_branch, *operands, shapes=R.BUCKETED)
     """``make_branch(n)(*operands)`` for the smallest row bucket ``n`` holding ``needed`` rows: one
     ``lax.switch`` (``needed`` must not be batched under ``vmap``: a batch passes a shared value);
     :data:`~alodlm_jax.rows.FIXED`: all ``rows``, no switch."""
-    if shapes == R.FIXED:
+    if R.is_fixed(shapes):
         return make_branch(rows)(*operands)
     buckets = row_buckets(rows // 2)
     index = jnp.minimum(jnp.sum((jnp.asarray(buckets, jnp.int32) < needed).astype(jnp.int32)),
@@ -262,7 +265,7 @@ def prelude_rows(params, cache, packed, *, cfg, prefix_limit=None, rows_needed=N
         def run(cache):
             h = M.embed(params, packed.ids[:n])
             h, kv = M.prelude_window(params, cfg, h, packed.positions[:n], cache, packed.start,
-                                     prefix_limit=prefix_limit, bucketed=shapes != R.FIXED)
+                                     prefix_limit=prefix_limit, bucketed=not R.is_fixed(shapes))
             return _pad_rows(h, rows), _pad_kv(kv, rows)
         return run
 
@@ -287,7 +290,7 @@ def window_pass(params, cache, h, packed, pst, depth, q, tau, *, cfg, mode, pref
     def branch(n):
         def run(cache, h_in):
             positions = packed.positions[:n]
-            bucketed = shapes != R.FIXED
+            bucketed = not R.is_fixed(shapes)
             h, core_kv = M.core_window(params, cfg, h_in[:n], positions, cache, packed.start, depth,
                                        prefix_limit=prefix_limit, bucketed=bucketed)
             r, coda_kv = M.readout_window(params, cfg, h, positions, cache, packed.start,

@@ -171,7 +171,8 @@ def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: in
     from alodlm_jax.decode.layout import for_mesh
 
     devices = target.devices()
-    shapes = shapes or R.shapes_for(devices[0].platform)
+    shapes = shapes or R.shapes_for(devices[0].platform,
+                                    1 if mesh_spec is None else mesh_spec.num_devices)
     layout = None
     data = 1
     stacked = not per_layer_weights(devices[0].platform)
@@ -232,7 +233,8 @@ def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: in
         # As evaluate loads them (params.per_layer_weights): per-layer arrays on one CPU or GPU,
         # stacked layer groups on a TPU and on a mesh.
         "layer_layout": "stacked" if stacked else "per-layer",
-        # Row and attention buckets (XLA:CPU), or one fixed shape (accelerators): rows.shapes_for.
+        # Row and attention buckets (XLA:CPU), or one fixed shape (accelerators; with the attention
+        # kernel on one TPU): rows.shapes_for.
         "shapes": shapes,
         "prompt_tokens": prompt_tokens,
         "bucket": {"prompt_bucket": bucket.prompt_bucket, "window_size": bucket.window_size,

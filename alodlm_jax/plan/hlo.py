@@ -8,8 +8,10 @@ counts each loop body as often as it runs:
   a library call (``custom-call``: cuBLAS, cuDNN, ...), a copy, a collective, any other op that is
   not bookkeeping (parameter, tuple, get-tuple-element, constant, bitcast, control flow). Its
   bytes are those of its operands and results, except where the program says it touches less
-  (:meth:`Module.kernel_bytes`): an operand read only through slices is charged the slices, and
-  a buffer updated in place (a cache write) only the update, not the whole buffer;
+  (:meth:`Module.kernel_bytes`): an operand read only through slices is charged the slices, a
+  buffer updated in place (a cache write) only the update, not the whole buffer, and a Pallas
+  kernel what its cost estimate says (:mod:`alodlm_jax.window_kernel` reads one depth of each
+  request's cache, not the buffers it is handed);
 * a ``while`` runs its body and condition ``n`` times: ``n`` from XLA's ``known_trip_count``
   annotation, or from a condition ``i < N`` with ``i`` starting at a constant; otherwise 1 (the
   loop is then listed in ``unknown_trip_counts``);
@@ -43,6 +45,8 @@ _NOT_KERNELS = {"parameter", "tuple", "get-tuple-element", "constant", "bitcast"
 _HEADER = re.compile(r"^(ENTRY\s+)?%?([^\s(]+)\s*\(.*\)\s*->\s*.*\{\s*$")
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([^\s=]+)\s*=\s*(.+?)\s+([a-z][a-z0-9\-]*)\((.*)$")
 _ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([^\]]*)\](\{[^}]*\})?")
+# What a Pallas (Mosaic) kernel says it moves: its ``cost_estimate`` in the custom call's config.
+_KERNEL_BYTES = re.compile(r'"cost_estimate":\{[^}]*"bytes_accessed":"(\d+)"')
 _ON_CHIP = re.compile(r"S\(([1-9]\d*)\)")  # a layout's memory space other than device memory
 
 
@@ -188,6 +192,9 @@ class Module:
         if instr.opcode == "fusion":
             callee = self.computations.get((self.callees(instr, "calls") or [""])[0])
         if callee is None:
+            estimate = _KERNEL_BYTES.search(instr.attrs) if instr.opcode == "custom-call" else None
+            if estimate:  # a Pallas kernel's own figure (it reads parts of its operands)
+                return int(estimate.group(1))
             if instr.opcode == "copy-start":  # (destination, source alias, context): read + write
                 parts = _ARRAY.findall(instr.type_text)
                 written = _type_bytes("{}[{}]{}".format(*parts[0])) if parts else 0

@@ -135,3 +135,19 @@ def test_fixed_shapes_equal_bucketed(checkpoints, mode):
     assert fixed.last_live_steps == {i: s.recurrent_passes for i, s in enumerate(reference)}
     with pytest.raises(ValueError, match="shapes must be one of"):
         CompiledEngine(cfg, params, decode, [2], shapes="ragged")
+
+
+def test_kernel_attention_equals_bucketed(checkpoints):
+    """One TPU's policy (FIXED's shapes, the batch step's attention in the Pallas kernel, run here
+    by Pallas's interpreter) decodes a batch whose requests come and go as the CPU's buckets do."""
+    cfg, params = checkpoints.get("sandwich", 1, 24.0)
+    decode = DecodeConfig(q=0.5, tau=2.5, window_size=4, max_new_tokens=24, mode="entropy")
+    bucketed = CompiledEngine(cfg, params, decode, [2, 23], batch_size=3, measure_prefill=False)
+    kernel = CompiledEngine(cfg, params, decode, [2, 23], batch_size=3, measure_prefill=False,
+                            shapes="fixed-kernel")
+    reference = [bucketed.generate(p) for p in PROMPTS]
+    for want, got in zip(reference, kernel.generate_batch(PROMPTS)):
+        assert _exact(got) == _exact(want)
+        np.testing.assert_allclose(got.first_pass_halt_probabilities,
+                                   want.first_pass_halt_probabilities, rtol=0, atol=1e-6)
+    assert kernel.last_live_steps == {i: s.recurrent_passes for i, s in enumerate(reference)}

@@ -106,8 +106,11 @@ def test_in_order_lanes_hold_each_request_in_its_own_lane(counts):
 def test_each_platform_has_its_shape_policy_and_layer_layout():
     from alodlm_jax.params import per_layer_weights
 
-    assert R.shapes_for("cpu") == R.BUCKETED
-    assert R.shapes_for("gpu") == R.shapes_for("tpu") == R.shapes_for("cuda") == R.FIXED
+    assert R.shapes_for("cpu") == R.shapes_for("cpu", 4) == R.BUCKETED
+    assert R.shapes_for("gpu") == R.shapes_for("cuda") == R.shapes_for("gpu", 8) == R.FIXED
+    # The attention kernel on one TPU; a mesh keeps XLA's attention (the kernel is not split).
+    assert (R.shapes_for("tpu"), R.shapes_for("tpu", 4)) == (R.KERNEL, R.FIXED)
+    assert [R.is_fixed(s) for s in R.SHAPES] == [False, True, True]
     assert per_layer_weights("cpu") and per_layer_weights("gpu") and not per_layer_weights("tpu")
 
 
@@ -118,5 +121,8 @@ def test_fixed_shapes_size_the_cache_to_a_multiple_not_a_power_of_two():
     decode = DecodeConfig(window_size=16, max_new_tokens=4096)
     # A 1,000-token prompt: bucket 1,024, plus 4,096 new tokens and a 32-row window = 5,152 slots.
     assert Bucket.for_request(1000, decode).cache_slots == 8192
+    single = Bucket.for_request(1000, decode, slot_multiple=R.FIXED_SLOT_MULTIPLE)
+    assert single.cache_slots == single.t_max == 5376
+    # A batch adds 32 scratch slots; the whole buffer is the multiple (the TPU kernel's blocks).
     fixed = Bucket.for_request(1000, decode, 8, slot_multiple=R.FIXED_SLOT_MULTIPLE)
-    assert fixed.cache_slots == 5376 and fixed.t_max == 5376 + 32  # batch scratch rows on top
+    assert fixed.t_max == 5376 and fixed.cache_slots == 5376 - 32

@@ -191,3 +191,26 @@ def test_a_slice_inside_a_nested_fusion_and_a_copy_to_on_chip_memory():
     # A prefetch into on-chip memory (S(1)) reads the weight from device memory once; its result
     # holds the copy on chip, the source (an alias, no traffic) and a context (S(2)): no more.
     assert module.kernel_bytes(entry, entry.by_name["prefetch"]) == 128 * 128 * 2
+
+
+KERNEL = """HloModule jit_k
+
+ENTRY %main (q: bf16[2,2,32,128], cache: bf16[2,28,4,512,2,128], at: s32[2]) -> (bf16[2,2,32,128], bf16[2,2,32,128]) {
+  %q = bf16[2,2,32,128]{3,2,1,0} parameter(0)
+  %cache = bf16[2,28,4,512,2,128]{5,4,3,2,1,0} parameter(1)
+  %at = s32[2]{0} parameter(2)
+  %pallas = bf16[2,2,32,128]{3,2,1,0} custom-call(%at, %q, %cache), custom_call_target="tpu_custom_call", backend_config={"flag_configs":[],"custom_call_config":{"body":"TUzvUg","cost_estimate":{"flops":"1024","transcendentals":"64","bytes_accessed":"1048576","remote_bytes_transferred":"0"},"needs_layout_passes":true}}
+  %other = bf16[2,2,32,128]{3,2,1,0} custom-call(%q, %cache), custom_call_target="something_else"
+  ROOT %t = (bf16[2,2,32,128]{3,2,1,0}, bf16[2,2,32,128]{3,2,1,0}) tuple(%pallas, %other)
+}
+"""
+
+
+def test_a_pallas_kernel_is_charged_its_own_estimate_other_custom_calls_their_operands():
+    module = hlo.parse(KERNEL)
+    entry = module.entry
+    q = 2 * 2 * 32 * 128 * 2
+    cache = 2 * 28 * 4 * 512 * 2 * 128 * 2
+    # The kernel reads one depth of each request's cache, not the buffer it is handed.
+    assert module.kernel_bytes(entry, entry.by_name["pallas"]) == 1048576
+    assert module.kernel_bytes(entry, entry.by_name["other"]) == q + cache + q
