@@ -548,23 +548,28 @@ def _window_layer_rows(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin
 
 
 def _kernel_attention(q, k, v, k_all, v_all, layer, depth, start):
-    """``vmap(_attend_in_copy)`` of in-order lanes by :mod:`alodlm_jax.window_kernel`: the Mosaic
-    kernel when lowered for a TPU (the XLA form where it does not support the shapes), Pallas's
-    interpreter elsewhere (tests on the CPU)."""
+    """``vmap(_attend_in_copy)`` of in-order lanes by :mod:`alodlm_jax.window_kernel`, chosen by
+    the platform the program is lowered for: the Mosaic kernel on a TPU, the Triton one on an
+    NVIDIA GPU (each where it supports the shapes), the TPU's in Pallas's interpreter on the CPU
+    (tests), and the XLA form elsewhere."""
     from alodlm_jax import window_kernel as WK
 
-    def on_tpu(*operands):
-        if WK.supported(k.shape[-2], k.shape[-1], k_all.dtype):
-            return WK.window_attention(*operands)
-        in_copy = functools.partial(_attend_in_copy, layer=operands[5], size=k_all.shape[-3])
-        return jax.vmap(in_copy, in_axes=(0, 0, 0, 0, 0, 0, None if depth is None else 0))(
-            *operands[:5], operands[7], operands[6])
+    in_copy = jax.vmap(functools.partial(_attend_in_copy, layer=layer, size=k_all.shape[-3]),
+                       in_axes=(0, 0, 0, 0, 0, 0, None if depth is None else 0))
 
-    def interpreted(*operands):
-        return WK.window_attention(*operands, interpret=True)
+    def xla(q, k, v, k_all, v_all, layer, depth, start):
+        return in_copy(q, k, v, k_all, v_all, start, depth)
 
-    return jax.lax.platform_dependent(q, k, v, k_all, v_all, layer, depth, start, tpu=on_tpu,
-                                      default=interpreted)
+    def on(backend, interpret=False):
+        shape = dict(slots=k_all.shape[-3], n_kv=k.shape[-2], head_dim=k.shape[-1],
+                     rows=q.shape[1], group=q.shape[2] // k.shape[2], dtype=k_all.dtype)
+        if interpret or WK.supported(backend, **shape):
+            return functools.partial(WK.window_attention, backend=backend, interpret=interpret)
+        return xla
+
+    return jax.lax.platform_dependent(q, k, v, k_all, v_all, layer, depth, start,
+                                      tpu=on("tpu"), cuda=on("gpu"),
+                                      cpu=on("tpu", interpret=True), default=xla)
 
 
 def run_window_rows(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Array, m: R.RowMap,

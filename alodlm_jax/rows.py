@@ -18,11 +18,11 @@ Two shape policies (a static argument of the compiled programs, :func:`shapes_fo
   the same for 64 or 512 rows, and each branch multiplies the compile time (the 1.7B's batch-8
   program for a v5p, layers stacked: 312 s bucketed, 19 s fixed; ``docs/plan.md``).
 
-* :data:`KERNEL` (one TPU): :data:`FIXED`'s shapes, and the batch step's attention in a Pallas
-  kernel that reads each request's K/V where it lies in the cache (:mod:`alodlm_jax.window_kernel`)
-  instead of XLA's copy of each request's prefix, which XLA:TPU expands into loops (the 8B's
-  batch-32 step: 33.7k kernels). On a mesh the programs keep :data:`FIXED` (the kernel is not
-  partitioned across devices).
+* :data:`KERNEL` (one GPU or TPU): :data:`FIXED`'s shapes, and the batch step's attention in a
+  Pallas kernel that reads each request's K/V where it lies in the cache
+  (:mod:`alodlm_jax.window_kernel`) instead of XLA's copy of each request's prefix (which XLA:TPU
+  expands into loops: the 8B's batch-32 step had 33.7k kernels). On a mesh the programs keep
+  :data:`FIXED` (the kernel is not partitioned across devices).
 
 All give the same tokens: buckets change only the number of rows of matrix products and the
 length of fp32 attention reductions over masked slots (exact zeros), as batching does; the
@@ -47,11 +47,11 @@ FIXED_SLOT_MULTIPLE = 256
 
 def shapes_for(platform: str, devices: int = 1) -> str:
     """The shape policy of the programs compiled for a JAX ``platform`` on ``devices`` devices
-    (module docstring): :data:`BUCKETED` on ``"cpu"``, :data:`KERNEL` on one TPU, :data:`FIXED`
-    on every other accelerator layout."""
+    (module docstring): :data:`BUCKETED` on ``"cpu"``, :data:`KERNEL` on one accelerator,
+    :data:`FIXED` on several."""
     if platform == "cpu":
         return BUCKETED
-    return KERNEL if platform == "tpu" and devices == 1 else FIXED
+    return KERNEL if devices == 1 else FIXED
 
 
 def is_fixed(shapes: str) -> bool:

@@ -1,4 +1,4 @@
-"""The batch step's window attention as a Pallas TPU kernel reading each request's K/V in place.
+"""The batch step's window attention as a Pallas kernel reading each request's K/V in place.
 
 :func:`window_attention` computes what ``jax.vmap(model._attend_in_copy)`` computes for the
 in-order lanes of the :data:`~alodlm_jax.rows.FIXED` batch step: request ``b``'s queries (its
@@ -6,25 +6,27 @@ window rows) attend over its prefix, cache slots ``< start[b]`` of layer ``layer
 ``depth[b]`` of the batch's buffers, and over its own window's K/V, row ``a`` seeing window rows
 ``<= a``, in one softmax. The XLA form reads every request's slice of the cache into a copy (a
 gather at a per-request depth), writes the window into it and materializes fp32 scores and
-probabilities as large as the keys; XLA:TPU expands the gather and the write into loops (33k
-kernels a step for the 8B at batch 32). Here the grid walks each request's blocks of cache slots,
-the block index taken from the request's layer, depth and start (scalar prefetch), so the kernel
-reads the cache where it lies, only the blocks its prefix covers (later grid steps repeat the
-last block's index, which Pallas does not fetch again), and keeps scores on chip with the online
-softmax of flash attention.
+probabilities as large as the keys; XLA:TPU expands the gather and the write into loops (33.7k
+kernels a step for the 8B at batch 32). The kernels read the cache where it lies, only the
+blocks of slots a request's prefix covers, and keep the scores on chip with flash attention's
+online softmax:
 
-Numerics: scores, the running maximum and sums and the output accumulation in fp32, as
-:func:`alodlm_jax.model._attend` does; the unnormalized probabilities are cast to the value dtype
-before their product with V (the XLA form casts the normalized ones) and the sum is taken in
-another order, so in fp32 the two agree to rounding (tested) and in bf16 to bf16's resolution.
-The CPU never runs this kernel (its programs keep the XLA form); tests run it in Pallas interpret
-mode.
+* TPU (Mosaic): grid ``(B, S / bs)``; a block's index comes from the request's layer, depth and
+  start (scalar prefetch), and the steps past the prefix repeat the last block's index, which
+  Pallas does not fetch again. The cache is ``[.., S, n_kv, d_h]``, slots before heads: a head's
+  keys are every ``n_kv``-th row of the block seen as ``[bs * n_kv, d_h]`` (a strided load; 16-bit
+  rows two heads at a time as 32-bit words, as JAX's ragged paged attention does).
+* GPU (Triton): grid ``(B, n_kv)``; a program loops over its request's prefix in tiles of
+  :data:`GPU_BLOCK_SLOTS` slots of one head, loaded from the cache at the request's layer and
+  depth.
 
-Layout: the cache is ``[B, L, (K,) S, n_kv, d_h]``, slots before heads, and a block holds ``bs``
-slots of every head. The kernel reads a head's keys as every ``n_kv``-th row of the block seen as
-``[bs * n_kv, d_h]`` (a strided load; bf16 rows are read two heads at a time as 32-bit words, as
-JAX's ragged paged attention does). ``S`` must be a multiple of the block (the FIXED sizing gives
-a multiple of 256 slots).
+Numerics: scores, the running maximum and sums and the output accumulation in fp32, products of
+fp32 operands at ``Precision.HIGHEST``, as :func:`alodlm_jax.model._attend` does; the
+unnormalized probabilities are cast to the value dtype before their product with V (the XLA form
+casts the normalized ones) and the sum is taken in another order, so in fp32 the two agree to
+rounding (tested) and in bf16 to bf16's resolution.
+The CPU never runs these kernels (its programs keep the XLA form); tests run both in Pallas's
+interpreter, and compile them for a TPU and a GPU without either.
 """
 
 from __future__ import annotations
@@ -35,8 +37,16 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas import triton as pltr
 
 _NEG_INF = -1e30  # as model._NEG_INF: masked scores' exp underflows to exactly 0
+GPU_BLOCK_SLOTS = 64  # cache slots per tile of the GPU kernel's loop (the FIXED cache: multiples)
+
+
+def _precision(dtype):
+    """As the model's products: fp32 operands multiplied in full fp32 (Triton's default is TF32);
+    16-bit ones at the default (Mosaic refuses ``HIGHEST`` for them)."""
+    return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
 
 
 def block_slots(slots: int) -> int:
@@ -47,10 +57,16 @@ def block_slots(slots: int) -> int:
     return slots
 
 
-def supported(n_kv: int, head_dim: int, dtype) -> bool:
-    """Whether the kernel compiles for XLA:TPU at these shapes: lane-wide heads, and for 16-bit
-    caches an even number of KV heads (read in pairs)."""
-    return head_dim % 128 == 0 and (jnp.dtype(dtype).itemsize == 4 or n_kv % 2 == 0)
+def supported(backend: str, *, slots: int, n_kv: int, head_dim: int, rows: int, group: int,
+              dtype) -> bool:
+    """Whether the kernel compiles for ``backend`` at these shapes. TPU: lane-wide heads, and
+    for 16-bit caches an even number of KV heads (read in pairs). GPU (Triton): power-of-two
+    tiles of at least 16 (the window's rows, a KV head's stacked queries, the head size) and a
+    cache of whole tiles."""
+    if backend == "tpu":
+        return head_dim % 128 == 0 and (jnp.dtype(dtype).itemsize == 4 or n_kv % 2 == 0)
+    tiles = (rows, rows * group, head_dim)
+    return slots % GPU_BLOCK_SLOTS == 0 and all(n >= 16 and n & (n - 1) == 0 for n in tiles)
 
 
 def _heads(ref, n_kv: int) -> list:
@@ -69,13 +85,42 @@ def _heads(ref, n_kv: int) -> list:
     return out
 
 
-def _kernel(layer_ref, depth_ref, start_ref, q_ref, kw_ref, vw_ref, k_ref, v_ref, o_ref,
-            m_ref, l_ref, acc_ref, *, bs: int, rows: int):
+def _online(carry, s, v):
+    """One block of flash attention's online softmax: ``carry`` the running maximum and sum
+    ``[g, 1]`` and output ``[g, d_h]`` (fp32), ``s`` the block's masked fp32 scores ``[g, n]``,
+    ``v`` its values ``[n, d_h]``."""
+    m, l, acc = carry
+    m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
+    alpha = jnp.exp(m - m_new)
+    p = jnp.exp(s - m_new)
+    acc = alpha * acc + jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
+                                            precision=_precision(v.dtype),
+                                            preferred_element_type=jnp.float32)
+    return m_new, alpha * l + jnp.sum(p, axis=1, keepdims=True), acc
+
+
+def _scores(q, k, mask):
+    """Scaled fp32 scores ``[g, n]`` of queries ``[g, d_h]`` against keys ``[n, d_h]``, masked."""
+    s = jax.lax.dot_general(q, k.astype(q.dtype), (((1,), (1,)), ((), ())),
+                            precision=_precision(q.dtype), preferred_element_type=jnp.float32)
+    return jnp.where(mask, s * jnp.float32(q.shape[-1] ** -0.5), _NEG_INF)
+
+
+def _window_mask(g: int, rows: int):
+    """Stacked query row ``j * rows + a`` sees window rows ``<= a``."""
+    row = jax.lax.broadcasted_iota(jnp.int32, (g, rows), 0) % rows
+    return jax.lax.broadcasted_iota(jnp.int32, (g, rows), 1) <= row
+
+
+def _tpu_kernel(layer_ref, depth_ref, start_ref, q_ref, kw_ref, vw_ref, k_ref, v_ref, o_ref,
+                m_ref, l_ref, acc_ref, *, bs: int, rows: int):
+    """Grid ``(B, S / bs)``: the blocks of request ``b``'s slots at its layer and depth arrive
+    one per step (the index map stops at the prefix's last block); every KV head of the block
+    in turn, its running softmax in VMEM scratch."""
     b = pl.program_id(0)
     t = pl.program_id(1)
     start = start_ref[b]
-    n_kv, g, d_h = q_ref.shape
-    scale = jnp.float32(d_h ** -0.5)
+    n_kv, g, _ = q_ref.shape
 
     @pl.when(t == 0)
     def _():
@@ -84,48 +129,61 @@ def _kernel(layer_ref, depth_ref, start_ref, q_ref, kw_ref, vw_ref, k_ref, v_ref
         acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
 
     def update(h, s, v):
-        m_prev = m_ref[h]
-        m_new = jnp.maximum(m_prev, jnp.max(s, axis=-1, keepdims=True))
-        alpha = jnp.exp(m_prev - m_new)
-        p = jnp.exp(s - m_new)
-        l_ref[h] = alpha * l_ref[h] + jnp.sum(p, axis=-1, keepdims=True)
-        acc_ref[h] = alpha * acc_ref[h] + jax.lax.dot_general(
-            p.astype(v.dtype), v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
-        m_ref[h] = m_new
-
-    def scores(q, k):
-        s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        return s * scale
+        m_ref[h], l_ref[h], acc_ref[h] = _online((m_ref[h], l_ref[h], acc_ref[h]), s, v)
 
     @pl.when(t * bs < start)
     def _():
-        slot = t * bs + jax.lax.broadcasted_iota(jnp.int32, (g, bs), 1)
+        visible = t * bs + jax.lax.broadcasted_iota(jnp.int32, (g, bs), 1) < start
         ks, vs = _heads(k_ref, n_kv), _heads(v_ref, n_kv)
         for h in range(n_kv):
-            q = q_ref[h]
-            s = jnp.where(slot < start, scores(q, ks[h].astype(q.dtype)), _NEG_INF)
-            update(h, s, vs[h].astype(q.dtype))
+            update(h, _scores(q_ref[h], ks[h], visible), vs[h].astype(q_ref.dtype))
 
     @pl.when(t == pl.num_programs(1) - 1)
     def _():
-        row = jax.lax.broadcasted_iota(jnp.int32, (g, rows), 0) % rows
-        col = jax.lax.broadcasted_iota(jnp.int32, (g, rows), 1)
         ks, vs = _heads(kw_ref, n_kv), _heads(vw_ref, n_kv)
         for h in range(n_kv):
-            q = q_ref[h]
-            s = jnp.where(col <= row, scores(q, ks[h].astype(q.dtype)), _NEG_INF)
-            update(h, s, vs[h].astype(q.dtype))
+            update(h, _scores(q_ref[h], ks[h], _window_mask(g, rows)), vs[h].astype(q_ref.dtype))
             o_ref[h] = (acc_ref[h] / l_ref[h]).astype(o_ref.dtype)
 
 
-def window_attention(q, k, v, k_all, v_all, layer, depth, start, *, interpret: bool = False):
+def _gpu_kernel(layer_ref, depth_ref, start_ref, q_ref, kw_ref, vw_ref, k_ref, v_ref, o_ref, *,
+                bs: int, rows: int):
+    """Grid ``(B, n_kv)``: one program per request and KV head loops over the blocks of the
+    request's prefix, loading each from the cache at its layer and depth (a strided tile), then
+    its window."""
+    b = pl.program_id(0)
+    h = pl.program_id(1)
+    start = start_ref[b]
+    depth = depth_ref[b]
+    layer = layer_ref[0]
+    q = q_ref[...]
+    g, d_h = q.shape
+
+    def block(t, carry):
+        first = pl.multiple_of(t * bs, bs)
+        k = k_ref[b, layer, depth, pl.ds(first, bs), h, :]
+        v = v_ref[b, layer, depth, pl.ds(first, bs), h, :].astype(q.dtype)
+        visible = first + jax.lax.broadcasted_iota(jnp.int32, (g, bs), 1) < start
+        return _online(carry, _scores(q, k, visible), v)
+
+    carry = (jnp.full((g, 1), _NEG_INF, jnp.float32), jnp.zeros((g, 1), jnp.float32),
+             jnp.zeros((g, d_h), jnp.float32))
+    carry = jax.lax.fori_loop(0, pl.cdiv(start, bs), block, carry)
+    _, l, acc = _online(carry, _scores(q, kw_ref[...], _window_mask(g, rows)),
+                        vw_ref[...].astype(q.dtype))
+    o_ref[...] = (acc / l).astype(o_ref.dtype)
+
+
+def window_attention(q, k, v, k_all, v_all, layer, depth, start, *, backend: str = "tpu",
+                     interpret: bool = False):
     """Each request's window attention over its prefix in the batch's cache and its window.
 
     q ``[B, W, n_q, d_h]`` (the lanes' queries), k/v ``[B, W, n_kv, d_h]`` (the window's K/V),
     k_all/v_all ``[B, L, K, S, n_kv, d_h]`` (core) or ``[B, L, S, n_kv, d_h]``, ``layer`` an int32
     scalar, ``depth`` int32 ``[B]`` (None without a depth axis), ``start`` int32 ``[B]``. Returns
     ``[B, W, n_q, d_h]`` in q's dtype: ``jax.vmap(model._attend_in_copy)`` of the same (module
-    docstring)."""
+    docstring). ``backend``: ``"tpu"`` (Mosaic) or ``"gpu"`` (Triton); ``interpret``: run it in
+    Pallas's interpreter (any platform)."""
     batch, rows, n_q, d_h = q.shape
     n_kv = k.shape[2]
     group = n_q // n_kv
@@ -133,43 +191,58 @@ def window_attention(q, k, v, k_all, v_all, layer, depth, start, *, interpret: b
         k_all, v_all = k_all[:, :, None], v_all[:, :, None]
         depth = jnp.zeros((batch,), jnp.int32)
     slots = k_all.shape[3]
-    bs = block_slots(slots)
     g = group * rows
     # [B, n_kv, group*W, d_h]: row j*W + a is query row a of the kv head's j-th query head.
     qg = q.reshape(batch, rows, n_kv, group, d_h).transpose(0, 2, 3, 1, 4).reshape(
         batch, n_kv, g, d_h)
-
-    def cache_block(b, t, layer_ref, depth_ref, start_ref):
-        last = jnp.maximum(pl.cdiv(start_ref[b], bs) - 1, 0)
-        return (b, layer_ref[0], depth_ref[b], jnp.minimum(t, last), 0, 0)
-
-    def per_request(b, t, *_):
-        return (b, 0, 0, 0)
-
-    cache_spec = pl.BlockSpec((None, None, None, bs, n_kv, d_h), cache_block)
-    window_spec = pl.BlockSpec((None, rows, n_kv, d_h), per_request)
-    q_spec = pl.BlockSpec((None, n_kv, g, d_h), per_request)
     item = jnp.dtype(k_all.dtype).itemsize
-    cost = pl.CostEstimate(
-        flops=4 * batch * n_q * rows * (slots + rows) * d_h,
-        transcendentals=batch * n_q * rows * (slots + rows),
-        bytes_accessed=(2 * batch * slots * n_kv * d_h * item  # each request's K/V, one depth
-                        + 2 * k.size * item + 2 * q.size * q.dtype.itemsize))
-    out = pl.pallas_call(
-        functools.partial(_kernel, bs=bs, rows=rows),
-        out_shape=jax.ShapeDtypeStruct(qg.shape, q.dtype),
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=3,
-            grid=(batch, slots // bs),
-            in_specs=[q_spec, window_spec, window_spec, cache_spec, cache_spec],
-            out_specs=q_spec,
-            scratch_shapes=[pltpu.VMEM((n_kv, g, 1), jnp.float32),
-                            pltpu.VMEM((n_kv, g, 1), jnp.float32),
-                            pltpu.VMEM((n_kv, g, d_h), jnp.float32)]),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
-        cost_estimate=cost,
-        interpret=interpret,
-    )(jnp.reshape(jnp.asarray(layer, jnp.int32), (1,)), jnp.asarray(depth, jnp.int32),
-      jnp.asarray(start, jnp.int32), qg, k, v, k_all, v_all)
+    moved = (2 * batch * slots * n_kv * d_h * item  # each request's K/V, one depth, at most
+             + 2 * k.size * item + 2 * q.size * q.dtype.itemsize)
+    scores = batch * n_q * rows * (slots + rows)
+    cost = pl.CostEstimate(flops=4 * scores * d_h, transcendentals=scores, bytes_accessed=moved)
+    scalars = (jnp.reshape(jnp.asarray(layer, jnp.int32), (1,)), jnp.asarray(depth, jnp.int32),
+               jnp.asarray(start, jnp.int32))
+    out_shape = jax.ShapeDtypeStruct(qg.shape, q.dtype)
+    if backend == "tpu":
+        bs = block_slots(slots)
+
+        def cache_block(b, t, layer_ref, depth_ref, start_ref):
+            last = jnp.maximum(pl.cdiv(start_ref[b], bs) - 1, 0)
+            return (b, layer_ref[0], depth_ref[b], jnp.minimum(t, last), 0, 0)
+
+        def per_request(b, t, *_):
+            return (b, 0, 0, 0)
+
+        cache_spec = pl.BlockSpec((None, None, None, bs, n_kv, d_h), cache_block)
+        window_spec = pl.BlockSpec((None, rows, n_kv, d_h), per_request)
+        q_spec = pl.BlockSpec((None, n_kv, g, d_h), per_request)
+        call = pl.pallas_call(
+            functools.partial(_tpu_kernel, bs=bs, rows=rows), out_shape=out_shape,
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=3, grid=(batch, slots // bs),
+                in_specs=[q_spec, window_spec, window_spec, cache_spec, cache_spec],
+                out_specs=q_spec,
+                scratch_shapes=[pltpu.VMEM((n_kv, g, 1), jnp.float32),
+                                pltpu.VMEM((n_kv, g, 1), jnp.float32),
+                                pltpu.VMEM((n_kv, g, d_h), jnp.float32)]),
+            compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+            cost_estimate=cost, interpret=interpret)
+    elif backend == "gpu":
+        if slots % GPU_BLOCK_SLOTS:
+            raise ValueError(f"the GPU kernel reads {GPU_BLOCK_SLOTS}-slot tiles: {slots} slots")
+        whole = pl.no_block_spec
+        head_q = pl.BlockSpec((None, None, g, d_h), lambda b, h: (b, h, 0, 0))
+        head_window = pl.BlockSpec((None, rows, None, d_h), lambda b, h: (b, 0, h, 0))
+        call = pl.pallas_call(
+            functools.partial(_gpu_kernel, bs=GPU_BLOCK_SLOTS, rows=rows), out_shape=out_shape,
+            grid=(batch, n_kv),
+            in_specs=[whole, whole, whole, head_q, head_window, head_window, whole, whole],
+            out_specs=head_q,
+            compiler_params=pltr.CompilerParams(num_warps=4, num_stages=2),
+            # XLA:GPU keeps no cost estimate: the figure travels in the kernel's metadata.
+            metadata={"bytes_accessed": str(moved)}, cost_estimate=cost, interpret=interpret)
+    else:
+        raise ValueError(f"backend must be 'tpu' or 'gpu', not {backend!r}")
+    out = call(*scalars, qg, k, v, k_all, v_all)
     return out.reshape(batch, n_kv, group, rows, d_h).transpose(0, 3, 1, 2, 4).reshape(
         batch, rows, n_q, d_h)

@@ -11,7 +11,10 @@
 # plan's prediction for the same batch program (alodlm-jax-plan's figures for this device: compile
 # seconds, device memory, bytes and kernels per step, ms/step at 4.8 TB/s; block "PLAN" below), so
 # the first GPU calibrates the plan. On a GPU the compiled engine runs the accelerators' fixed
-# shapes (one row shape, attention over the whole cache: alodlm_jax/rows.py), as evaluate does.
+# shapes (one row shape, attention over the whole cache: alodlm_jax/rows.py), and on one GPU the
+# batch step attends in the Triton kernel (alodlm_jax/window_kernel.py; "shapes fixed-kernel"),
+# as evaluate does. In bf16 its sums run in another order than the single-request program's, so
+# "same tokens" may read False at a near tie; in fp32 it is expected True.
 #
 #   1.7B-shaped: 28 layers, loop [0,28), H 2048, I 6144, 16/8 heads x 128, vocab 151936
 #   8B-shaped:   36 layers, loop [10,26), H 4096, I 12288, 32/8 heads x 128, vocab 151936

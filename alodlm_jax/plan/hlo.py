@@ -45,8 +45,10 @@ _NOT_KERNELS = {"parameter", "tuple", "get-tuple-element", "constant", "bitcast"
 _HEADER = re.compile(r"^(ENTRY\s+)?%?([^\s(]+)\s*\(.*\)\s*->\s*.*\{\s*$")
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([^\s=]+)\s*=\s*(.+?)\s+([a-z][a-z0-9\-]*)\((.*)$")
 _ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([^\]]*)\](\{[^}]*\})?")
-# What a Pallas (Mosaic) kernel says it moves: its ``cost_estimate`` in the custom call's config.
-_KERNEL_BYTES = re.compile(r'"cost_estimate":\{[^}]*"bytes_accessed":"(\d+)"')
+# What a Pallas kernel says it moves: its ``cost_estimate`` in a Mosaic (TPU) call's config, its
+# metadata in a Triton (GPU) call's (quotes escaped as \22 there).
+_KERNEL_BYTES = re.compile(r'(?:"cost_estimate":\{[^}]*|serialized_metadata = "[^"]*)'
+                           r'bytes_accessed(?:"|\\22):\s*(?:"|\\22)(\d+)')
 _ON_CHIP = re.compile(r"S\(([1-9]\d*)\)")  # a layout's memory space other than device memory
 
 

@@ -107,9 +107,10 @@ def test_each_platform_has_its_shape_policy_and_layer_layout():
     from alodlm_jax.params import per_layer_weights
 
     assert R.shapes_for("cpu") == R.shapes_for("cpu", 4) == R.BUCKETED
-    assert R.shapes_for("gpu") == R.shapes_for("cuda") == R.shapes_for("gpu", 8) == R.FIXED
-    # The attention kernel on one TPU; a mesh keeps XLA's attention (the kernel is not split).
-    assert (R.shapes_for("tpu"), R.shapes_for("tpu", 4)) == (R.KERNEL, R.FIXED)
+    # The attention kernel on one accelerator; a mesh keeps XLA's attention (the kernel is not
+    # split across devices).
+    assert R.shapes_for("gpu") == R.shapes_for("cuda") == R.shapes_for("tpu") == R.KERNEL
+    assert R.shapes_for("gpu", 8) == R.shapes_for("tpu", 4) == R.FIXED
     assert [R.is_fixed(s) for s in R.SHAPES] == [False, True, True]
     assert per_layer_weights("cpu") and per_layer_weights("gpu") and not per_layer_weights("tpu")
 

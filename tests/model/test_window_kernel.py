@@ -1,7 +1,14 @@
-"""The batch step's attention kernel (:mod:`alodlm_jax.window_kernel`) against the XLA form it
-replaces, in Pallas's interpreter; and, with the aot extra, compiled for a TPU without one."""
+"""The batch step's attention kernels (:mod:`alodlm_jax.window_kernel`, TPU and GPU) against the
+XLA form they replace, in Pallas's interpreter; and, with the aot extra, compiled for a TPU and a
+GPU without either."""
 
 import functools
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +20,9 @@ from alodlm_jax import window_kernel as WK
 from alodlm_jax.plan import targets
 
 HAVE_TPU = targets.missing_extra(targets.load_target("v5p")) is None
+HAVE_GPU = targets.missing_extra(targets.load_target("h200")) is None
+GPU_DIR = pathlib.Path(__file__).resolve().parents[2] / ".ci" / "aot-gpu"  # as tests/plan
+BACKENDS = ["tpu", "gpu"]
 
 
 def _operands(dtype, *, batch=3, rows=8, n_q=4, n_kv=2, d_h=128, layers=2, depths=3, slots=512,
@@ -33,26 +43,29 @@ def _in_copy(q, k, v, k_all, v_all, layer, depth, start):
 # Starts: no prefix, inside the first block, on a block boundary, inside the last block.
 @pytest.mark.parametrize("starts", [(0, 5, 256), (255, 257, 500)])
 @pytest.mark.parametrize("with_depth", [True, False])
-def test_kernel_equals_the_xla_form_in_fp32(starts, with_depth):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kernel_equals_the_xla_form_in_fp32(backend, starts, with_depth):
     q, k, v, k_all, v_all = _operands(jnp.float32)
     start = jnp.asarray(starts, jnp.int32)
     depth = jnp.asarray([2, 0, 1], jnp.int32) if with_depth else None
     if not with_depth:
         k_all, v_all = k_all[:, :, 0], v_all[:, :, 0]
     want = _in_copy(q, k, v, k_all, v_all, 1, depth, start)
-    got = WK.window_attention(q, k, v, k_all, v_all, jnp.int32(1), depth, start, interpret=True)
+    got = WK.window_attention(q, k, v, k_all, v_all, jnp.int32(1), depth, start, backend=backend,
+                              interpret=True)
     assert got.shape == want.shape and got.dtype == want.dtype
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=2e-6)
 
 
-def test_kernel_reads_only_its_layer_depth_and_prefix():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kernel_reads_only_its_layer_depth_and_prefix(backend):
     """Changing the cache anywhere else (other layers, depths, requests' slots at or past their
     start) changes nothing."""
     q, k, v, k_all, v_all = _operands(jnp.float32)
     start = jnp.asarray([5, 256, 300], jnp.int32)
     depth = jnp.asarray([2, 0, 1], jnp.int32)
     run = functools.partial(WK.window_attention, q, k, v, layer=jnp.int32(1), depth=depth,
-                            start=start, interpret=True)
+                            start=start, backend=backend, interpret=True)
     before = run(k_all, v_all)
     slot = jnp.arange(k_all.shape[3])
     mine = ((jnp.arange(2)[None, :, None, None] == 1)
@@ -63,12 +76,14 @@ def test_kernel_reads_only_its_layer_depth_and_prefix():
     np.testing.assert_array_equal(np.asarray(after), np.asarray(before))
 
 
-def test_kernel_in_bf16_agrees_to_bf16_resolution():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kernel_in_bf16_agrees_to_bf16_resolution(backend):
     q, k, v, k_all, v_all = _operands(jnp.bfloat16)
     start = jnp.asarray([5, 256, 480], jnp.int32)
     depth = jnp.asarray([0, 2, 1], jnp.int32)
     want = _in_copy(q, k, v, k_all, v_all, 0, depth, start).astype(jnp.float32)
-    got = WK.window_attention(q, k, v, k_all, v_all, jnp.int32(0), depth, start, interpret=True)
+    got = WK.window_attention(q, k, v, k_all, v_all, jnp.int32(0), depth, start, backend=backend,
+                              interpret=True)
     assert got.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(got.astype(jnp.float32)), np.asarray(want), rtol=0,
                                atol=2e-2)
@@ -76,8 +91,16 @@ def test_kernel_in_bf16_agrees_to_bf16_resolution():
 
 def test_block_sizes_and_supported_shapes():
     assert [WK.block_slots(n) for n in (5376, 5120, 768, 96)] == [256, 512, 256, 96]
-    assert WK.supported(8, 128, jnp.bfloat16) and WK.supported(3, 128, jnp.float32)
-    assert not WK.supported(3, 128, jnp.bfloat16) and not WK.supported(8, 64, jnp.float32)
+    released = dict(slots=5376, n_kv=8, head_dim=128, rows=32, group=4, dtype=jnp.bfloat16)
+    assert WK.supported("tpu", **released) and WK.supported("gpu", **released)
+    assert WK.supported("tpu", **dict(released, n_kv=3, dtype=jnp.float32))
+    assert not WK.supported("tpu", **dict(released, n_kv=3))  # 16-bit heads read in pairs
+    assert not WK.supported("tpu", **dict(released, head_dim=64))
+    assert not WK.supported("gpu", **dict(released, rows=24))  # Triton tiles: powers of two
+    assert not WK.supported("gpu", **dict(released, slots=5376 + 32))
+    with pytest.raises(ValueError, match="backend must be"):
+        WK.window_attention(*_operands(jnp.float32), 0, None, jnp.zeros(3, jnp.int32),
+                            backend="cpu")
 
 
 @pytest.mark.jax_backend
@@ -88,7 +111,7 @@ def test_kernel_compiles_for_a_tpu_without_one(dtype):
     one depth of each request's K/V at its layer, not the buffers."""
     from jax.sharding import SingleDeviceSharding
 
-    (device,) = targets.load_target("v5p").devices()[:1]
+    device = targets.load_target("v5p").devices()[0]
     arrays = _operands(dtype, batch=2, rows=16, n_q=16, n_kv=8, slots=768)
     on_tpu = SingleDeviceSharding(device)
     spec = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on_tpu)  # noqa: E731
@@ -101,3 +124,45 @@ def test_kernel_compiles_for_a_tpu_without_one(dtype):
     one_depth = 2 * 2 * 768 * 8 * 128 * item
     window = 2 * arrays[1].size * item + 2 * arrays[0].size * item
     assert f'"bytes_accessed":"{one_depth + window}"' in text
+
+
+GPU_COMPILE = textwrap.dedent("""
+    import json, sys
+    import jax, jax.numpy as jnp
+    from jax.sharding import SingleDeviceSharding
+    from alodlm_jax import window_kernel as WK
+    from alodlm_jax.plan import hlo, targets
+
+    on_gpu = SingleDeviceSharding(targets.load_target("h200").devices()[0])
+    spec = lambda shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype, sharding=on_gpu)
+    cache = spec((2, 2, 3, 768, 8, 128))
+    window = spec((2, 16, 8, 128))
+    fn = lambda *a: WK.window_attention(*a, backend="gpu")
+    compiled = jax.jit(fn).lower(spec((2, 16, 16, 128)), window, window, cache, cache,
+                                 spec((), jnp.int32), spec((2,), jnp.int32),
+                                 spec((2,), jnp.int32)).compile()
+    text = compiled.as_text()
+    module = hlo.parse(text)
+    calls = [i for c in module.computations.values() for i in c.instructions
+             if i.opcode == "custom-call"]
+    json.dump({"triton": "xla.gpu.triton" in text,
+               "bytes": [module.kernel_bytes(module.entry, i) for i in calls]}, sys.stdout)
+""")
+
+
+@pytest.mark.jax_backend
+@pytest.mark.skipif(not (HAVE_GPU or (GPU_DIR / "jax_cuda12_plugin").is_dir()),
+                    reason="needs the aot extra (jax-cuda12-plugin, -pjrt, ptxas)")
+def test_gpu_kernel_compiles_for_a_gpu_without_one():
+    """XLA:GPU compiles the Triton kernel (JAX's CUDA plugin and ptxas, no GPU), and the plan
+    reads what it moves from the kernel's metadata: one depth of each request's K/V. In a child
+    process with the plugin on its path, as tests/plan runs the GPU plan."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([str(GPU_DIR)] + [p for p in sys.path if p]))
+    done = subprocess.run([sys.executable, "-c", GPU_COMPILE], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    one_depth = 2 * 2 * 768 * 8 * 128 * 2
+    window = 2 * (2 * 16 * 8 * 128 * 2) + 2 * (2 * 16 * 16 * 128 * 2)
+    assert result == {"triton": True, "bytes": [one_depth + window]}

@@ -82,8 +82,8 @@ def test_gpu_target_reports_an_impossible_batch_as_not_fitting(tmp_path, capsys)
                                    "4000000", "--programs", "admit")
     assert status == 0
     assert record["device"].startswith("gpu")
-    # As evaluate runs on one GPU: per-layer weights, the accelerators' fixed shapes.
-    assert (record["layer_layout"], record["shapes"]) == ("per-layer", "fixed")
+    # As evaluate runs on one GPU: per-layer weights, the fixed shapes with the attention kernel.
+    assert (record["layer_layout"], record["shapes"]) == ("per-layer", "fixed-kernel")
     (program,) = record["programs"]
     assert set(PROGRAM_KEYS) <= set(program) and program["name"] == "admit"
     assert program["fits"] is False and record["fits"] is False
