@@ -509,8 +509,8 @@ def _window_layer_rows(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin
     n_kv, d_h]`` (zeros past each request's rows). Attention runs in the ``A`` lanes of
     :class:`~alodlm_jax.rows.RowMap`: each lane's queries attend over its request's prefix (read
     from the batch's buffers at that request's index and depth) and window rows exactly as
-    :func:`_window_layer` does. ``kernel`` (in-order lanes only): the lanes attend in
-    :func:`alodlm_jax.window_kernel.window_attention` (interpreted off a TPU) instead."""
+    :func:`_window_layer` does. ``kernel`` (in-order lanes only): the lanes attend in the
+    platform's Pallas kernel instead (:func:`_kernel_attention`)."""
     q, k, v = _qkv(lp, eps, h, cos, sin)
     k = k.astype(k_all.dtype)
     v = v.astype(v_all.dtype)

@@ -6,7 +6,7 @@ attention and the heads per request in *lanes*, the padded layout of the request
 (:func:`to_lanes` / :func:`from_lanes`, :func:`lanes_to_batch`); :func:`step_shapes` are the
 ``(rows, lanes)`` shapes a step may take. Pure index arithmetic: no weights here.
 
-Two shape policies (a static argument of the compiled programs, :func:`shapes_for`):
+Three shape policies (a static argument of the compiled programs, :func:`shapes_for`):
 
 * :data:`BUCKETED` (XLA:CPU): a step runs on the smallest of several row shapes holding its rows
   and attends over the smallest power-of-two part of the cache holding its prefix, each a

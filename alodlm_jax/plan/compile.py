@@ -234,7 +234,7 @@ def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: in
         # stacked layer groups on a TPU and on a mesh.
         "layer_layout": "stacked" if stacked else "per-layer",
         # Row and attention buckets (XLA:CPU), or one fixed shape (accelerators; with the attention
-        # kernel on one TPU): rows.shapes_for.
+        # kernel on one device): rows.shapes_for.
         "shapes": shapes,
         "prompt_tokens": prompt_tokens,
         "bucket": {"prompt_bucket": bucket.prompt_bucket, "window_size": bucket.window_size,
