@@ -520,7 +520,10 @@ def _window_layer_rows(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin
     def attend_first(size, q, k, v, k_all, v_all):
         depth_axis = None if depth is None else 0
         if m.in_order and kernel:
-            return _kernel_attention(q, k, v, k_all, v_all, layer, depth, start)
+            # A lane without rows (an idle or finished slot) reads no prefix: its output is
+            # dropped (from_lanes), and the kernel reads only the blocks below start.
+            return _kernel_attention(q, k, v, k_all, v_all, layer, depth,
+                                     jnp.where(m.lane_valid, start, 0))
         if m.in_order:  # FIXED: lane b is request b, and reads its own entry of the batch axis
             # The copies of the prefixes depend only on the cache: without the barrier XLA:GPU
             # made every layer's ahead of the layers, all alive at once (the 8B's batch-32 step
