@@ -7,7 +7,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
@@ -125,38 +124,30 @@ def test_every_named_target_file_loads():
 
 # The batch program evaluate runs on one TPU or GPU, at shapes the kernels support (heads of 128,
 # a window of 16 rows): each layer's attention is a Mosaic or Triton call.
-KERNEL_PLAN = textwrap.dedent("""
-    import dataclasses, gzip, json, sys
+def _kernel_calls(target: str, out: str) -> dict:
+    import dataclasses
+    import gzip
+
     import jax.numpy as jnp
+
     from alodlm_jax.config import DecodeConfig
-    from alodlm_jax.plan import targets
     from alodlm_jax.plan.compile import plan
     from alodlm_jax.testing.released_shapes import model_config, param_specs
 
-    target, out = sys.argv[1], sys.argv[2]
     cfg = dataclasses.replace(model_config("8b", tiny=True), head_dim=128)
     record = plan(targets.load_target(target), cfg, param_specs(cfg, jnp.bfloat16),
                   DecodeConfig(window_size=8, max_new_tokens=32), prompt_tokens=20, batch_size=2,
                   programs=["batch"], save_hlo=out)
-    text = gzip.open(out + "/batch.hlo.gz", "rt").read()
-    json.dump({"shapes": record["shapes"],
-               "tpu": text.count('custom_call_target="tpu_custom_call"'),
-               "triton": text.count("xla.gpu.triton"),
-               "layers": cfg.num_hidden_layers}, sys.stdout)
-""")
-
-
-def _kernel_plan(tmp_path, target, env=None):
-    done = subprocess.run([sys.executable, "-c", KERNEL_PLAN, target, str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    text = gzip.open(pathlib.Path(out) / "batch.hlo.gz", "rt").read()
+    return {"shapes": record["shapes"], "layers": cfg.num_hidden_layers,
+            "tpu": text.count('custom_call_target="tpu_custom_call"'),
+            "triton": text.count("xla.gpu.triton")}
 
 
 @pytest.mark.skipif(not HAVE_TPU, reason="needs the aot extra (libtpu)")
 def test_the_tpu_batch_program_attends_in_the_mosaic_kernel(tmp_path):
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    result = _kernel_plan(tmp_path, "v5p", env)
+    # In this process: libtpu serves one process at a time, and the suite's has it.
+    result = _kernel_calls("v5p", str(tmp_path))
     assert result["shapes"] == "fixed-kernel"
     # Layers stacked on a TPU: one kernel call in each layer group's body (prelude, core, coda).
     assert (result["tpu"], result["triton"]) == (3, 0)
@@ -165,9 +156,18 @@ def test_the_tpu_batch_program_attends_in_the_mosaic_kernel(tmp_path):
 @pytest.mark.skipif(not (HAVE_GPU or GPU_CHILD),
                     reason="needs the aot extra (jax-cuda12-plugin, -pjrt, ptxas)")
 def test_the_gpu_batch_program_attends_in_the_triton_kernel(tmp_path):
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([str(GPU_DIR)] + [p for p in sys.path if p]))
-    result = _kernel_plan(tmp_path, "h200", env)
+    if HAVE_GPU:
+        result = _kernel_calls("h200", str(tmp_path))
+    else:  # in a child with the plugin on its path (as _run_gpu)
+        env = dict(os.environ, JAX_PLATFORMS="cpu",
+                   PYTHONPATH=os.pathsep.join([str(GPU_DIR), str(pathlib.Path(__file__).parent)]
+                                              + [p for p in sys.path if p]))
+        code = ("import json, sys; from test_plan_cli import _kernel_calls; "
+                "json.dump(_kernel_calls('h200', sys.argv[1]), sys.stdout)")
+        done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["shapes"] == "fixed-kernel"
     # Per-layer weights on a GPU: one kernel call per layer.
     assert result["triton"] == result["layers"] and result["tpu"] == 0
