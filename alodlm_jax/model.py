@@ -523,15 +523,9 @@ def _window_layer_rows(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin
             # A lane without rows (an idle or finished slot) reads no prefix: its output is
             # dropped (from_lanes), and the kernel reads only the blocks below start.
             return _kernel_attention(q, k, v, k_all, v_all, layer, depth,
-                                     jnp.where(m.lane_valid, start, 0))
+                                     jnp.where(m.lane_valid, start, 0), size=size)
         if m.in_order:  # FIXED: lane b is request b, and reads its own entry of the batch axis
-            # The copies of the prefixes depend only on the cache: without the barrier XLA:GPU
-            # made every layer's ahead of the layers, all alive at once (the 8B's batch-32 step
-            # for an H200: 31.6 GB of temporaries, 14.7 GB with it).
-            q, k_all, v_all = jax.lax.optimization_barrier((q, k_all, v_all))
-            in_copy = functools.partial(_attend_in_copy, layer=layer, size=size)
-            return jax.vmap(in_copy, in_axes=(0, 0, 0, 0, 0, 0, depth_axis))(
-                q, k, v, k_all, v_all, start, depth)
+            return _attend_in_order(q, k, v, k_all, v_all, layer, depth, start, size=size)
 
         def one(q, k, v, b, start, depth):
             index = (b, layer) if depth is None else (b, layer, depth)
@@ -550,18 +544,27 @@ def _window_layer_rows(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin
             R.from_rows(v, m, rows))
 
 
-def _kernel_attention(q, k, v, k_all, v_all, layer, depth, start):
-    """``vmap(_attend_in_copy)`` of in-order lanes by :mod:`alodlm_jax.window_kernel`, chosen by
-    the platform the program is lowered for: the Mosaic kernel on a TPU, the Triton one on an
-    NVIDIA GPU (each where it supports the shapes), the TPU's in Pallas's interpreter on the CPU
-    (tests), and the XLA form elsewhere."""
+def _attend_in_order(q, k, v, k_all, v_all, layer, depth, start, *, size: int):
+    """In-order lanes (lane ``b`` is request ``b``) attending in XLA: :func:`_attend_in_copy` of
+    each request's ``size`` slots at ``layer`` and its ``depth``."""
+    # The copies of the prefixes depend only on the cache: without the barrier XLA:GPU made every
+    # layer's ahead of the layers, all alive at once (the 8B's batch-32 step for an H200: 31.6 GB
+    # of temporaries, 14.7 GB with it).
+    q, k_all, v_all = jax.lax.optimization_barrier((q, k_all, v_all))
+    in_copy = functools.partial(_attend_in_copy, layer=layer, size=size)
+    return jax.vmap(in_copy, in_axes=(0, 0, 0, 0, 0, 0, None if depth is None else 0))(
+        q, k, v, k_all, v_all, start, depth)
+
+
+def _kernel_attention(q, k, v, k_all, v_all, layer, depth, start, *, size: int):
+    """:func:`_attend_in_order` by :mod:`alodlm_jax.window_kernel`, chosen by the platform the
+    program is lowered for: the Mosaic kernel on a TPU, the Triton one on an NVIDIA GPU (each
+    where it supports the shapes), the TPU's in Pallas's interpreter on the CPU (tests), and
+    :func:`_attend_in_order` itself elsewhere."""
     from alodlm_jax import window_kernel as WK
 
-    in_copy = jax.vmap(functools.partial(_attend_in_copy, layer=layer, size=k_all.shape[-3]),
-                       in_axes=(0, 0, 0, 0, 0, 0, None if depth is None else 0))
-
-    def xla(q, k, v, k_all, v_all, layer, depth, start):
-        return in_copy(q, k, v, k_all, v_all, start, depth)
+    def xla(*operands):
+        return _attend_in_order(*operands, size=size)
 
     def on(backend, interpret=False):
         shape = dict(slots=k_all.shape[-3], n_kv=k.shape[-2], head_dim=k.shape[-1],
