@@ -32,6 +32,12 @@ def _run(tmp_path, *args):
     return status, (json.loads(out.read_text()) if out.exists() else None)
 
 
+def _gpu_child_env(*paths) -> dict:
+    """A child process's environment with .ci/aot-gpu (and ``paths``) on its path, on the CPU."""
+    return dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(
+        [str(GPU_DIR), *map(str, paths)] + [p for p in sys.path if p]))
+
+
 def _run_gpu(tmp_path, capsys, *args):
     """``(status, record, stdout)`` of a GPU plan: in this process where the plugin is installed,
     else in a child with .ci/aot-gpu on its path."""
@@ -39,10 +45,9 @@ def _run_gpu(tmp_path, capsys, *args):
         status, record = _run(tmp_path, *args)
         return status, record, capsys.readouterr().out
     out = tmp_path / "plan.json"
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([str(GPU_DIR)] + [p for p in sys.path if p]))
     done = subprocess.run([sys.executable, "-m", "alodlm_jax.cli.plan", *TINY, *args, "--json",
-                           str(out)], env=env, capture_output=True, text=True, timeout=600)
+                           str(out)], env=_gpu_child_env(), capture_output=True, text=True,
+                          timeout=600)
     return done.returncode, (json.loads(out.read_text()) if out.exists() else None), done.stdout
 
 
@@ -159,12 +164,10 @@ def test_the_gpu_batch_program_attends_in_the_triton_kernel(tmp_path):
     if HAVE_GPU:
         result = _kernel_calls("h200", str(tmp_path))
     else:  # in a child with the plugin on its path (as _run_gpu)
-        env = dict(os.environ, JAX_PLATFORMS="cpu",
-                   PYTHONPATH=os.pathsep.join([str(GPU_DIR), str(pathlib.Path(__file__).parent)]
-                                              + [p for p in sys.path if p]))
         code = ("import json, sys; from test_plan_cli import _kernel_calls; "
                 "json.dump(_kernel_calls('h200', sys.argv[1]), sys.stdout)")
-        done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env,
+        done = subprocess.run([sys.executable, "-c", code, str(tmp_path)],
+                              env=_gpu_child_env(pathlib.Path(__file__).parent),
                               capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         result = json.loads(done.stdout.strip().splitlines()[-1])
