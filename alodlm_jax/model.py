@@ -155,7 +155,18 @@ def _attend(q: jax.Array, k_buf: jax.Array, v_buf: jax.Array, start: jax.Array) 
     visible = slots[None, :] <= start + rows[:, None]  # [group*T, S]
     scores = jnp.where(visible[None], scores, _NEG_INF)
     probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)  # masked slots: exp underflows to 0
-    return _ungroup(_values(probs, v_buf), q)
+    return _ungroup(_values(probs, _seen_values(v_buf, start + q.shape[0])), q)
+
+
+def _seen_values(v: jax.Array, limit) -> jax.Array:
+    """``v [S, n_kv, d_h]`` with slots ``>= limit`` zeroed: the slots no row sees.
+
+    Their probabilities are exact zeros, but ``0 * inf`` or ``0 * nan`` is NaN, so a slot that no
+    row sees could otherwise still reach the output: a slot a continuous batch reuses holds
+    whatever its previous request (or nothing) wrote there. With its values zeroed, a request's
+    outputs depend only on the slots it wrote and sees (finite values give the same sums)."""
+    seen = jnp.arange(v.shape[0], dtype=jnp.int32) < limit
+    return jnp.where(seen[:, None, None], v, jnp.zeros((), v.dtype))
 
 
 def _group_queries(q: jax.Array, n_kv: int) -> tuple[jax.Array, jax.Array]:
@@ -395,7 +406,8 @@ def _attend_window(q: jax.Array, k_pre: jax.Array, v_pre: jax.Array, start: jax.
     s_win = jnp.where(window_visible[None], _scores(qg, k_win), _NEG_INF)
     probs = jax.nn.softmax(jnp.concatenate([s_pre, s_win], axis=-1), axis=-1).astype(q.dtype)
     split = k_pre.shape[0]
-    return _ungroup(_values(probs[..., :split], v_pre) + _values(probs[..., split:], v_win), q)
+    return _ungroup(_values(probs[..., :split], _seen_values(v_pre, start))
+                    + _values(probs[..., split:], v_win), q)
 
 
 def _attend_in_copy(q, k, v, k_buf, v_buf, start, depth, *, layer, size: int) -> jax.Array:

@@ -108,6 +108,13 @@ def _scores(q, k, mask):
     return jnp.where(mask, s * jnp.float32(q.shape[-1] ** -0.5), _NEG_INF)
 
 
+def _seen(v, seen):
+    """A block's values ``[n, d_h]`` zeroed in the slots past the prefix (``seen`` ``[n, 1]``):
+    their probabilities are zeros, but a slot left from another request may hold inf or NaN
+    (``0 * inf`` is NaN; :func:`alodlm_jax.model._seen_values`)."""
+    return jnp.where(seen, v, jnp.zeros((), v.dtype))
+
+
 def _window_mask(g: int, rows: int):
     """Stacked query row ``j * rows + a`` sees window rows ``<= a``."""
     row = jax.lax.broadcasted_iota(jnp.int32, (g, rows), 0) % rows
@@ -136,9 +143,10 @@ def _tpu_kernel(layer_ref, depth_ref, start_ref, q_ref, kw_ref, vw_ref, k_ref, v
     @pl.when(t * bs < start)
     def _():
         visible = t * bs + jax.lax.broadcasted_iota(jnp.int32, (g, bs), 1) < start
+        seen = t * bs + jax.lax.broadcasted_iota(jnp.int32, (bs, 1), 0) < start
         ks, vs = _heads(k_ref, n_kv), _heads(v_ref, n_kv)
         for h in range(n_kv):
-            update(h, _scores(q_ref[h], ks[h], visible), vs[h].astype(q_ref.dtype))
+            update(h, _scores(q_ref[h], ks[h], visible), _seen(vs[h].astype(q_ref.dtype), seen))
 
     @pl.when(t == pl.num_programs(1) - 1)
     def _():
@@ -166,7 +174,8 @@ def _gpu_kernel(layer_ref, depth_ref, start_ref, q_ref, kw_ref, vw_ref, k_ref, v
         k = k_ref[b, layer, depth, pl.ds(first, bs), h, :]
         v = v_ref[b, layer, depth, pl.ds(first, bs), h, :].astype(q.dtype)
         visible = first + jax.lax.broadcasted_iota(jnp.int32, (g, bs), 1) < start
-        return _online(carry, _scores(q, k, visible), v)
+        seen = first + jax.lax.broadcasted_iota(jnp.int32, (bs, 1), 0) < start
+        return _online(carry, _scores(q, k, visible), _seen(v, seen))
 
     carry = (jnp.full((g, 1), _NEG_INF, jnp.float32), jnp.zeros((g, 1), jnp.float32),
              jnp.zeros((g, d_h), jnp.float32))

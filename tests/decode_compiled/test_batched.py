@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import time
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -151,3 +153,40 @@ def test_kernel_attention_equals_bucketed(checkpoints):
         np.testing.assert_allclose(got.first_pass_halt_probabilities,
                                    want.first_pass_halt_probabilities, rtol=0, atol=1e-6)
     assert kernel.last_live_steps == {i: s.recurrent_passes for i, s in enumerate(reference)}
+
+
+def _poisoned(engine, value: float):
+    """``engine`` whose fresh caches hold ``value`` in every slot (what a reused slot may hold:
+    anything its previous request or nothing wrote there)."""
+    take = engine.take_cache
+
+    def poisoned(bucket, batched):
+        key, cache = take(bucket, batched)
+        return key, jax.tree_util.tree_map(lambda x: jnp.full(x.shape, value, x.dtype), cache)
+
+    engine.take_cache = poisoned
+    return engine
+
+
+@pytest.mark.parametrize("shapes,value", [
+    ("bucketed", float("nan")), ("fixed", float("inf")),
+    pytest.param("fixed-kernel", float("nan"), marks=pytest.mark.slow),
+    pytest.param("bucketed", float("-inf"), marks=pytest.mark.slow),
+])
+def test_slots_a_request_does_not_see_change_nothing(checkpoints, shapes, value):
+    """A request's outputs depend only on the cache slots it wrote and sees: with every slot of
+    fresh caches holding NaN or inf (the masked slots' probabilities are zeros, and 0 * inf is
+    NaN), single requests and a batch whose requests come and go decode as with zeroed caches."""
+    cfg, params = checkpoints.get("sandwich", 1, 24.0)
+    decode = DecodeConfig(q=0.5, tau=2.5, window_size=4, max_new_tokens=24, mode="left1")
+    clean = CompiledEngine(cfg, params, decode, [2, 23], batch_size=3, measure_prefill=False,
+                           shapes=shapes)
+    reference = [clean.generate(p) for p in PROMPTS]
+    dirty = _poisoned(CompiledEngine(cfg, params, decode, [2, 23], batch_size=3,
+                                     measure_prefill=False, shapes=shapes), value)
+    alone = [dirty.generate(p) for p in PROMPTS[:2]]
+    together = dirty.generate_batch(PROMPTS)
+    for want, got in zip(reference[:2] + reference, alone + together):
+        assert _exact(got) == _exact(want)
+        np.testing.assert_allclose(got.first_pass_halt_probabilities,
+                                   want.first_pass_halt_probabilities, rtol=0, atol=1e-6)
