@@ -60,17 +60,18 @@ def param_specs(cfg: ModelConfig, dtype=jnp.bfloat16) -> dict:
 
 
 def random_params(cfg: ModelConfig, dtype=jnp.bfloat16, *, seed: int = 0,
-                  head_scale: float = 8.0) -> dict:
+                  head_scale: float = 8.0, norm_jitter: float = 0.1) -> dict:
     """Random per-layer params of ``cfg``'s shapes, generated on the default device (weights
-    ~N(0, 0.02), norms ~1, the LM head scaled by ``head_scale`` so that entropy mode commits a
-    few tokens per window, an exit gate that stops at several depths)."""
+    ~N(0, 0.02), norms ~N(1, ``norm_jitter``), the LM head scaled by ``head_scale`` so that
+    entropy mode commits a few tokens per window, an exit gate that stops at several depths).
+    The same arguments give the same values on every backend (JAX's counter-based generator)."""
     keys = iter(jax.random.split(jax.random.PRNGKey(seed), 16 + 16 * cfg.num_hidden_layers))
 
     def normal(shape, std):
         return (jax.random.normal(next(keys), shape, jnp.float32) * std).astype(dtype)
 
     def ones_ish(shape):
-        return (1.0 + 0.1 * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
+        return (1.0 + norm_jitter * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
 
     def layer():
         return {k: (ones_ish(s) if "norm" in k else normal(s, 0.02))

@@ -1,0 +1,209 @@
+"""fp32 parity of the compiled engine on an accelerator against the CPU, one request at a time and
+with continuous batching, in one process and a few minutes.
+
+Builds random checkpoints of several small topologies (numpy-free JAX params made on the CPU and
+copied to the device, so both sides decode the same weights), decodes a set of prompts (1-120
+tokens) per setting on the CPU one request at a time (the engine the PyTorch parity suites
+check), then on ``--device`` one request at a time and at each ``--batches`` size, and prints
+how many requests are identical per batch size: tokens, exit depths, the §6.6 counters and stop
+reason exactly, first-pass halting probabilities to ``--halt_tolerance``. Exit status 1 on any
+difference, 0 when all are identical.
+
+Runs from a checkout without installing it (``scripts/source_tree.py``)::
+
+    python scripts/gpu_parity.py                   # the GPU (or TPU) against the CPU
+    python scripts/gpu_parity.py --device cpu --shapes fixed --quick   # no accelerator
+    bash scripts/gpu_check.sh --parity             # the same
+
+The settings cover both modes, windows 7, 10, 16 and 20, a position penalty, a stop id, a
+sandwich topology (prelude, core, coda; the one where batch 8 first disagreed on an H200: 7
+layers, loop [2, 5), hidden 128, 4/2 heads of 32, vocabulary 224, rope theta 20000, RMSNorm
+weights jittered by 5 %) and an all-layer one (the 1.7B's form). On one GPU the batch step of a
+16-slot window (32 rows) attends in the Triton kernel (alodlm_jax/window_kernel.py), the others
+in XLA's form.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import pathlib
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import source_tree  # noqa: E402
+
+source_tree.use()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from alodlm_convert.config import ModelConfig  # noqa: E402
+from alodlm_jax import rows as R  # noqa: E402
+from alodlm_jax.config import DecodeConfig  # noqa: E402
+from alodlm_jax.decode.compiled import CompiledEngine  # noqa: E402
+from alodlm_jax.testing.released_shapes import random_params  # noqa: E402
+
+TOPOLOGIES = {
+    # The sandwich of the first H200 disagreement (module docstring).
+    "sandwich7": dict(num_hidden_layers=7, loop_start=2, loop_end=5, hidden_size=128,
+                      intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=32, vocab_size=224, rope_theta=20000.0),
+    # All layers looped, as the 1.7B; heads of 16.
+    "all4": dict(num_hidden_layers=4, loop_start=0, loop_end=4, hidden_size=64,
+                 intermediate_size=192, num_attention_heads=4, num_key_value_heads=2,
+                 head_dim=16, vocab_size=256, rope_theta=1_000_000.0),
+    # One prelude, two core and one coda layer, 8/2 heads (a group of 4 queries per KV head).
+    "sandwich4": dict(num_hidden_layers=4, loop_start=1, loop_end=3, hidden_size=96,
+                      intermediate_size=192, num_attention_heads=8, num_key_value_heads=2,
+                      head_dim=16, vocab_size=200, rope_theta=1_000_000.0),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    topology: str
+    decode: DecodeConfig
+    seed: int
+    head_scale: float
+
+    def label(self) -> str:
+        d = self.decode
+        penalty = "" if d.position_penalty is None else f" penalty {d.position_penalty:g}"
+        return (f"{self.topology} {d.mode} q {d.q:g} tau {d.tau:g} window {d.window_size} "
+                f"budget {d.max_new_tokens}{penalty}")
+
+
+SETTINGS = (
+    Setting("sandwich7", DecodeConfig(q=0.65, tau=0.4, window_size=7, max_new_tokens=33,
+                                      mode="left1"), seed=1, head_scale=8.0),
+    Setting("sandwich7", DecodeConfig(q=0.5, tau=0.35, window_size=10, max_new_tokens=47,
+                                      mode="entropy"), seed=1, head_scale=8.0),
+    Setting("all4", DecodeConfig(q=0.5, tau=2.0, window_size=16, max_new_tokens=40,
+                                 position_penalty=0.1, mode="entropy"), seed=2, head_scale=24.0),
+    Setting("sandwich4", DecodeConfig(q=0.4, tau=1.0, window_size=20, max_new_tokens=48,
+                                      mode="left1"), seed=3, head_scale=12.0),
+)
+# One setting per window size (each its own programs: a window size, a mode and a topology are
+# static). Prompt lengths from 1 to 120 tokens, in two prompt buckets (16 and 128 slots), so one
+# request at a time compiles two programs per setting.
+PROMPT_LENGTHS = (1, 120, 7, 97, 16, 70, 3, 111, 12, 88)
+STOP_IDS = (2,)
+FIELDS = ("token_ids", "exit_depths", "recurrent_passes", "outer_steps", "loop_token_passes",
+          "stop_reason")
+
+
+def model_config(topology: str) -> ModelConfig:
+    return ModelConfig(rms_norm_eps=1e-6, max_position_embeddings=512, max_depth=4,
+                       mask_token_id=3, **TOPOLOGIES[topology])
+
+
+def prompts_for(setting: Setting, count: int) -> list[list[int]]:
+    """``count`` prompts (lengths from :data:`PROMPT_LENGTHS`), ids from the setting's seed."""
+    vocab = TOPOLOGIES[setting.topology]["vocab_size"]
+    key = jax.random.PRNGKey(1000 + setting.seed)
+    out = []
+    for i, n in enumerate(PROMPT_LENGTHS[:count]):
+        ids = jax.random.randint(jax.random.fold_in(key, i), (n,), 4, vocab)
+        out.append([int(t) for t in ids])
+    return out
+
+
+def difference(out, ref, halt_tolerance: float) -> str | None:
+    """The first difference of ``out`` from ``ref`` (DecodeOutput), or None."""
+    for field in FIELDS:
+        a, b = getattr(out, field), getattr(ref, field)
+        if a != b:
+            if isinstance(a, list):
+                at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+                return f"{field} differ from position {at} (lengths {len(a)}, {len(b)})"
+            return f"{field} {a!r} against {b!r}"
+    a, b = out.first_pass_halt_probabilities, ref.first_pass_halt_probabilities
+    worst = max((abs(x - y) for x, y in zip(a, b)), default=0.0)
+    if worst > halt_tolerance:
+        return f"first-pass halting probabilities differ by up to {worst:.3g}"
+    return None
+
+
+def run(args) -> int:
+    cpu = jax.devices("cpu")[0]
+    device = jax.devices(args.device)[0]
+    batches = [int(b) for b in args.batches.split(",") if b.strip()]
+    settings = SETTINGS[:2] if args.quick else SETTINGS
+    count = args.prompts
+    print(f"parity: {device.platform} ({device.device_kind}) against the CPU, fp32, "
+          f"{len(settings)} settings x {count} prompts, batches {batches}, "
+          f"halting probabilities to {args.halt_tolerance:g}; JAX {jax.__version__}", flush=True)
+    totals = {b: [0, 0] for b in batches}
+    started = time.perf_counter()
+    for setting in settings:
+        cfg = model_config(setting.topology)
+        with jax.default_device(cpu):
+            params = random_params(cfg, jnp.float32, seed=setting.seed,
+                                   head_scale=setting.head_scale, norm_jitter=0.05)
+        on_device = jax.device_put(params, device)
+        prompts = prompts_for(setting, count)
+        t0 = time.perf_counter()
+        with jax.default_device(cpu):
+            reference = CompiledEngine(cfg, params, setting.decode, STOP_IDS,
+                                       measure_prefill=False)
+            expected = [reference.generate(p) for p in prompts]
+        shapes = None if args.shapes == "platform" else args.shapes
+        line = []
+        with jax.default_device(device):
+            for batch in batches:
+                engine = CompiledEngine(cfg, on_device, setting.decode, STOP_IDS, batch_size=batch,
+                                        measure_prefill=False, shapes=shapes)
+                if batch == 1:
+                    outs = [engine.generate(p) for p in prompts]
+                else:
+                    outs = engine.generate_batch(prompts)
+                diffs = [difference(o, e, args.halt_tolerance) for o, e in zip(outs, expected)]
+                same = sum(d is None for d in diffs)
+                totals[batch][0] += same
+                totals[batch][1] += len(prompts)
+                line.append(f"batch {batch} {same}/{len(prompts)}")
+                for i, d in enumerate(diffs):
+                    if d is not None:
+                        print(f"    batch {batch}, prompt {i} ({len(prompts[i])} tokens): {d}",
+                              flush=True)
+        print(f"  {setting.label()} [{engine.shapes}]: {', '.join(line)} "
+              f"({time.perf_counter() - t0:.1f} s)", flush=True)
+    ok = all(same == total for same, total in totals.values())
+    summary = ", ".join(f"batch {b}: {s}/{t} identical" for b, (s, t) in totals.items())
+    print(f"parity {'PASSED' if ok else 'FAILED'}: {summary} "
+          f"({time.perf_counter() - started:.0f} s)", flush=True)
+    return 0 if ok else 1
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default=None,
+                        help="JAX platform decoded against the CPU: gpu, tpu or cpu (default: the "
+                             "default backend's)")
+    parser.add_argument("--batches", default="1,8,32",
+                        help="comma-separated batch sizes (1: one request at a time)")
+    parser.add_argument("--shapes", default="platform", choices=("platform",) + R.SHAPES,
+                        help="the device side's shape policy (alodlm_jax/rows.py); default: the "
+                             "one evaluate uses on that platform")
+    parser.add_argument("--prompts", type=int, default=len(PROMPT_LENGTHS),
+                        help=f"prompts per setting (1-{len(PROMPT_LENGTHS)})")
+    parser.add_argument("--quick", action="store_true",
+                        help="the two settings of the sandwich where batching first disagreed")
+    parser.add_argument("--halt_tolerance", type=float, default=1e-5)
+    args = parser.parse_args(argv)
+    if not 1 <= args.prompts <= len(PROMPT_LENGTHS):
+        parser.error(f"--prompts must be in 1-{len(PROMPT_LENGTHS)}")
+    if args.device is None:
+        args.device = jax.default_backend()
+    try:
+        jax.devices(args.device)
+    except RuntimeError as error:
+        parser.error(f"--device {args.device}: {error}")
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
