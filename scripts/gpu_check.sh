@@ -21,19 +21,31 @@
 #
 # Usage:  bash scripts/gpu_check.sh [--tiny] [--max_new_tokens N] [--models 1.7b,8b] [--batches 1,8,32]
 #                                  [--layouts | --layouts_only]
+#         bash scripts/gpu_check.sh --parity [gpu_parity.py's options]
+#   --parity   only the fp32 parity check against the CPU (scripts/gpu_parity.py: several small
+#              topologies, one request at a time and batches 8 and 32; exit status 1 on any
+#              difference); the other options are gpu_parity.py's.
 #   --tiny     small shapes of both topologies, for a CPU smoke test of this script.
-#   --layouts  (issue 20, block "LAYOUTS" below) also the compiled engine with continuous batching
+#   --layouts  (block "LAYOUTS" below) also the compiled engine with continuous batching
 #              on every ("data", "model") mesh the visible devices allow (one H200: data=1,model=1
 #              through the mesh path), against one-device batch 1: tokens/s, same tokens, and the
 #              collectives of one batch step. --layouts_only runs only that block.
-# Run from the repository root (or anywhere: it adds the repository to PYTHONPATH).
+# Run from a checkout, installed or not (scripts/source_tree.py), from any folder.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-export PYTHONPATH="${HERE}${PYTHONPATH:+:${PYTHONPATH}}"
+if [[ "${1:-}" == "--parity" ]]; then
+  shift
+  exec python "${HERE}/scripts/gpu_parity.py" "$@"
+fi
+export PYTHONPATH="${HERE}/scripts:${HERE}${PYTHONPATH:+:${PYTHONPATH}}"
 exec python - "$@" <<'PY'
 import argparse
 import sys
 import time
+
+import source_tree
+
+source_tree.use()
 
 import jax
 import jax.numpy as jnp
@@ -189,7 +201,7 @@ def print_plan(cfg, params, decode, args, batch, *, measured_ms, measured_compil
 # ---- end PLAN ---------------------------------------------------------------------------------
 
 
-# ---- LAYOUTS (issue 20: the compiled engine with batching on a mesh) -------------------------
+# ---- LAYOUTS (the compiled engine with batching on a mesh) ------------------------------------
 def mesh_layouts(count: int, batch: int) -> list:
     """(mesh text, batch) for the meshes ``count`` devices allow: data=1 (the mesh path on one
     device), then data=count, model=count and data=count/2,model=2."""

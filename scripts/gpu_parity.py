@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import pathlib
+import subprocess
 import sys
 import time
 
@@ -90,6 +92,17 @@ SETTINGS = (
 # request at a time compiles two programs per setting.
 PROMPT_LENGTHS = (1, 120, 7, 97, 16, 70, 3, 111, 12, 88)
 STOP_IDS = (2,)
+# XLA:GPU options that --diagnose tries one at a time (a child process each, XLA_FLAGS): the
+# command buffers (CUDA graphs, conditional and while nodes included), Triton's matrix products
+# and normalization fusions, autotuning, the latency-hiding scheduler. A flag this XLA does not
+# know ends its child at once ("not accepted").
+DIAGNOSE_FLAGS = (
+    "--xla_gpu_enable_command_buffer=",
+    "--xla_gpu_enable_triton_gemm=false",
+    "--xla_gpu_experimental_enable_triton_softmax_priority_fusion=false",
+    "--xla_gpu_autotune_level=0",
+    "--xla_gpu_enable_latency_hiding_scheduler=false",
+)
 FIELDS = ("token_ids", "exit_depths", "recurrent_passes", "outer_steps", "loop_token_passes",
           "stop_reason")
 
@@ -130,14 +143,15 @@ def run(args) -> int:
     cpu = jax.devices("cpu")[0]
     device = jax.devices(args.device)[0]
     batches = [int(b) for b in args.batches.split(",") if b.strip()]
-    settings = SETTINGS[:2] if args.quick else SETTINGS
+    settings = [SETTINGS[i] for i in args.settings]
     count = args.prompts
     print(f"parity: {device.platform} ({device.device_kind}) against the CPU, fp32, "
           f"{len(settings)} settings x {count} prompts, batches {batches}, "
           f"halting probabilities to {args.halt_tolerance:g}; JAX {jax.__version__}", flush=True)
     totals = {b: [0, 0] for b in batches}
+    failed = []  # (setting index, batch)
     started = time.perf_counter()
-    for setting in settings:
+    for index, setting in zip(args.settings, settings):
         cfg = model_config(setting.topology)
         with jax.default_device(cpu):
             params = random_params(cfg, jnp.float32, seed=setting.seed,
@@ -164,6 +178,8 @@ def run(args) -> int:
                 totals[batch][0] += same
                 totals[batch][1] += len(prompts)
                 line.append(f"batch {batch} {same}/{len(prompts)}")
+                if same < len(prompts):
+                    failed.append((index, batch))
                 for i, d in enumerate(diffs):
                     if d is not None:
                         print(f"    batch {batch}, prompt {i} ({len(prompts[i])} tokens): {d}",
@@ -174,7 +190,37 @@ def run(args) -> int:
     summary = ", ".join(f"batch {b}: {s}/{t} identical" for b, (s, t) in totals.items())
     print(f"parity {'PASSED' if ok else 'FAILED'}: {summary} "
           f"({time.perf_counter() - started:.0f} s)", flush=True)
+    if failed and args.diagnose:
+        diagnose(args, failed)
     return 0 if ok else 1
+
+
+def diagnose(args, failed) -> None:
+    """Reruns the settings and batch sizes that differed with each other shape policy of the
+    engine, then with each of :data:`DIAGNOSE_FLAGS` (the platform's policy), so that one run
+    says which program form or compiler pass the difference follows."""
+    settings = ",".join(str(i) for i in sorted({i for i, _ in failed}))
+    batches = ",".join(str(b) for b in sorted({b for _, b in failed}))
+    base = [sys.executable, __file__, "--device", args.device, "--settings", settings,
+            "--batches", batches, "--prompts", str(args.prompts),
+            "--halt_tolerance", str(args.halt_tolerance)]
+    own = (R.shapes_for(jax.devices(args.device)[0].platform) if args.shapes == "platform"
+           else args.shapes)
+    variants = [(f"shapes {shapes}", ["--shapes", shapes], {}) for shapes in R.SHAPES
+                if shapes != own]
+    if args.device == "gpu":
+        variants += [(f"XLA_FLAGS={flag}", ["--shapes", args.shapes],
+                      {"XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()})
+                     for flag in DIAGNOSE_FLAGS]
+    print(f"diagnose: settings {settings}, batches {batches}", flush=True)
+    for label, extra, env in variants:
+        done = subprocess.run(base + extra, env={**os.environ, **env}, capture_output=True,
+                              text=True, timeout=args.diagnose_timeout)
+        last = [line for line in done.stdout.splitlines() if line.startswith("parity ")]
+        verdict = last[-1] if last else (
+            f"not accepted (exit {done.returncode}): "
+            + (done.stderr.strip().splitlines() or ["no output"])[-1][:200])
+        print(f"  {label}: {verdict}", flush=True)
 
 
 def main(argv=None) -> int:
@@ -191,9 +237,27 @@ def main(argv=None) -> int:
     parser.add_argument("--prompts", type=int, default=len(PROMPT_LENGTHS),
                         help=f"prompts per setting (1-{len(PROMPT_LENGTHS)})")
     parser.add_argument("--quick", action="store_true",
-                        help="the two settings of the sandwich where batching first disagreed")
+                        help="the two settings of the sandwich where batching first disagreed "
+                             "(--settings 0,1)")
+    parser.add_argument("--settings", default=None,
+                        help=f"comma-separated indices into the settings (0-{len(SETTINGS) - 1}; "
+                             "default: all)")
     parser.add_argument("--halt_tolerance", type=float, default=1e-5)
+    parser.add_argument("--diagnose", action="store_true",
+                        help="where a setting differs, rerun it with each other shape policy "
+                             "and, on a GPU, with each of a few XLA:GPU options off (a child "
+                             "process each), and print which of them agree")
+    parser.add_argument("--diagnose_timeout", type=float, default=300,
+                        help="seconds for each --diagnose child")
     args = parser.parse_args(argv)
+    try:
+        args.settings = ([0, 1] if args.quick else list(range(len(SETTINGS)))
+                         if args.settings is None else
+                         [int(i) for i in args.settings.split(",") if i.strip()])
+    except ValueError:
+        parser.error("--settings takes comma-separated integers")
+    if not args.settings or any(not 0 <= i < len(SETTINGS) for i in args.settings):
+        parser.error(f"--settings: indices in 0-{len(SETTINGS) - 1}")
     if not 1 <= args.prompts <= len(PROMPT_LENGTHS):
         parser.error(f"--prompts must be in 1-{len(PROMPT_LENGTHS)}")
     if args.device is None:
