@@ -226,8 +226,31 @@ def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: in
             with gzip.open(path, "wt", encoding="utf-8") as handle:
                 handle.write(compiled.as_text() or "")
         del compiled
-    extra = max((r["beyond_arguments_bytes"] for r in records if "beyond_arguments_bytes" in r),
-                default=0)
+    # What a batch needs beyond its arguments: the batch and admit programs' own figures; planned
+    # at batch 1 (the single-request programs, which a batch never runs), the admit program's at
+    # the smallest batch, compiled for that alone (a request's prefill: it does not grow with the
+    # batch).
+    beyond = {r["name"]: r["beyond_arguments_bytes"] for r in records
+              if r["name"] in ("batch", "admit") and "beyond_arguments_bytes" in r}
+    memory = None
+    if not beyond and usable is not None and not any("compile_error" in r for r in records):
+        (admit,) = [p for p in programs_at(2 * data, True)[0] if p.name == "admit"]
+        if log:
+            log(f"compiling admit (batch {admit.batch}) for {target.name}: what a batch needs "
+                f"beyond its arguments")
+        args = admit.args if layout is not None else place(admit.args, devices[0])
+        try:
+            memory = admit.jitted.lower(*args, **admit.kwargs).compile().memory_analysis()
+        except jax.errors.JaxRuntimeError as error:  # XLA:TPU: not even that batch fits
+            if "RESOURCE_EXHAUSTED" not in str(error):
+                raise
+            memory = None
+    if memory is not None:
+        beyond["admit"] = (int(memory.argument_size_in_bytes) + int(memory.output_size_in_bytes)
+                           - int(memory.alias_size_in_bytes) + int(memory.temp_size_in_bytes)
+                           + int(memory.generated_code_size_in_bytes)
+                           - fit.argument_bytes(admit)["total"])
+    extra = max(beyond.values(), default=0)
     return {
         "target": target.record(),
         "device": f"{devices[0].platform}: {devices[0].device_kind}",
@@ -255,8 +278,9 @@ def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: in
         "usable_basis": usable_basis,
         "max_batch_size": fit.largest_batch(linear, usable, extra, data),
         "max_batch_size_basis": (
-            f"the batch and admit programs' arguments from their shapes, plus "
-            f"{extra / 1e9:.2f} GB beyond them (the most any program compiled here needs)"),
+            f"the batch and admit programs' arguments from their shapes, plus {extra / 1e9:.2f} GB "
+            f"beyond them (the most of {' and '.join(sorted(beyond)) or 'none compiled'})"),
+        "batch_beyond_arguments_bytes": beyond,
         "jax": jax.__version__,
     }
 
