@@ -228,8 +228,8 @@ def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: in
         del compiled
     # What a batch needs beyond its arguments: the batch and admit programs' own figures; planned
     # at batch 1 (the single-request programs, which a batch never runs), the admit program's at
-    # the smallest batch, compiled for that alone (a request's prefill: it does not grow with the
-    # batch).
+    # the smallest batch, compiled for that alone (one request's prefill: it hardly grows with the
+    # batch, docs/plan.md "Memory").
     beyond = {r["name"]: r["beyond_arguments_bytes"] for r in records
               if r["name"] in ("batch", "admit") and "beyond_arguments_bytes" in r}
     memory = None
