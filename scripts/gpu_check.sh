@@ -181,7 +181,9 @@ def main() -> int:
 # ---- PLAN (alodlm-jax-plan's prediction beside the measured step) ----------------------------
 def print_plan(cfg, params, decode, args, batch, *, measured_ms, measured_compile) -> None:
     """The plan of the batch program just measured (alodlm_jax.plan on this device): predicted
-    ms/step (its bytes per step at 4.8 TB/s) beside the measured one, compile seconds, memory."""
+    ms/step (its bytes per step at 4.8 TB/s) beside the measured one, compile seconds, and its
+    device memory beside the device's measured peak and its allocator's limit (bytes_limit: what
+    the plan of a named GPU takes as usable, alodlm_jax.plan.fit)."""
     from alodlm_jax.plan.compile import plan
     from alodlm_jax.plan.targets import attached_target
 
@@ -190,14 +192,17 @@ def print_plan(cfg, params, decode, args, batch, *, measured_ms, measured_compil
                   batch_size=batch, programs={"batch"}, batch_programs=True)
     (p,) = record["programs"]
     stats = jax.devices()[0].memory_stats() or {}
-    peak = stats.get("peak_bytes_in_use")
+    peak, limit = stats.get("peak_bytes_in_use"), stats.get("bytes_limit")
     predicted = None if not p["bytes_per_step"] else 1e3 * p["bytes_per_step"] / HBM_BYTES_PER_SECOND
     print(f"  plan   {batch:>3}: predicted {predicted if predicted is None else f'{predicted:.3f}'} "
           f"ms/step (bytes/step {p['bytes_per_step']}, floor {p['floor_bytes_per_step']}, "
           f"{p['kernels_per_step']} kernels) vs measured {measured_ms:.3f} ms/step; compile "
           f"{p['compile_seconds']:.1f} s (engine measured {measured_compile:.1f} s); device memory "
           f"{p['device_memory_bytes'] / 1e9:.3f} GB planned, peak in use "
-          f"{'-' if peak is None else f'{peak / 1e9:.3f} GB'}", flush=True)
+          f"{'-' if peak is None else f'{peak / 1e9:.3f} GB'} (the process's, this batch's "
+          f"engine and the one-request engine's cache included) of an allocator limit of "
+          f"{'-' if limit is None else f'{limit / 1e9:.3f} GB'}; the plan's largest batch "
+          f"{record['max_batch_size']}", flush=True)
 # ---- end PLAN ---------------------------------------------------------------------------------
 
 

@@ -124,6 +124,7 @@ def format_plan(record: dict) -> str:
     bandwidth = target["bandwidth_bytes_per_second"]
     bandwidth = "-" if not bandwidth else f"{bandwidth / 1e12:.2f} TB/s"
     lines = [f"target {target['name']} ({record['device']}), capacity {_gb(target['capacity_bytes'])}"
+             f" (a JAX process gets {_gb(record['usable_bytes'])}: {record['usable_basis']})"
              f", bandwidth {bandwidth}",
              f"model {record['model']['num_hidden_layers']} layers, H {record['model']['hidden_size']}"
              f" ({record['layer_layout']} weights, {record['shapes']} shapes), {record['dtype']}"
@@ -139,7 +140,7 @@ def format_plan(record: dict) -> str:
         lines.append(f"    device memory {_gb(p['device_memory_bytes'])} (weights {_gb(p['weight_bytes'])}"
                      f", cache {_gb(p['cache_bytes'])}, other arguments "
                      f"{_gb(max(0, p['argument_bytes'] - p['weight_bytes'] - p['cache_bytes']))}, temporaries "
-                     f"{_gb(p['temp_bytes'])}) of {_gb(p['capacity_bytes'])}: "
+                     f"{_gb(p['temp_bytes'])}) of {_gb(p['usable_bytes'])} usable: "
                      f"{'fits' if p['fits'] else 'does NOT fit' if p['fits'] is False else 'capacity unknown'}")
         if p["bytes_per_step"] is not None:
             ratio = p["bytes_per_step"] / p["floor_bytes_per_step"]

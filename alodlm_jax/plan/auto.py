@@ -2,10 +2,11 @@
 run decodes on, by the plan's memory analysis (:func:`alodlm_jax.plan.compile.plan`).
 
 The batch and admit programs are compiled for the suite's bucket (its longest prompt, tokenized as
-evaluate does) at a batch of two per data shard on the run's own devices; their device memory is
-extrapolated to the capacity the device reports (its ``bytes_limit``; on the CPU, the machine's
-memory) as :func:`alodlm_jax.plan.compile.max_batch_size` does. The batch chosen is that, but
-no more than the number of tasks (a slot without a task decodes nothing). The record goes into
+evaluate does) at a batch of two per data shard on the run's own devices; what they need beyond
+their arguments is added to their arguments at any batch (from the shapes) and held against the
+capacity the device reports (its ``bytes_limit``; on the CPU, the machine's memory), as
+:func:`alodlm_jax.plan.fit.largest_batch` does. The batch chosen is the largest that fits, but no
+more than the number of tasks (a slot without a task decodes nothing). The record goes into
 the summary's ``protocol`` (``batch_size_auto``).
 """
 
@@ -87,8 +88,8 @@ def auto_batch_size(*, model: str, precision: str, model_config: str | None, dec
         "probe_batch": probe,
         "probe_device_memory_bytes": {p["name"]: p["device_memory_bytes"] for p in record["programs"]},
         "prompt_bucket": record["bucket"]["prompt_bucket"],
-        "basis": "the batch and admit programs compiled at the probe batch, their memory beyond "
-                 "the weights extrapolated linearly to the device's capacity (alodlm_jax.plan)",
+        "basis": "the batch and admit programs' arguments from their shapes, plus the most "
+                 "either needs beyond them compiled at the probe batch (alodlm_jax.plan.fit)",
         "jax": jax.__version__,
     }
     return chosen, summary

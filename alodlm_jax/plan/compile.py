@@ -9,8 +9,10 @@ returns the plan record (``docs/plan.md`` describes every key):
   (every branch once);
 * memory from ``memory_analysis()``: ``argument_bytes`` (of which ``weight_bytes``,
   ``cache_bytes``), ``output_bytes``, ``alias_bytes``, ``temp_bytes``; ``device_memory_bytes`` =
-  arguments + outputs - aliased + temporaries + generated code, against ``capacity_bytes``
-  (``fits``);
+  arguments + outputs - aliased + temporaries + generated code (the buffer assignment the
+  executable allocates by), against ``usable_bytes``, what a JAX process gets of the device's
+  ``capacity_bytes`` (``fits``; :func:`alodlm_jax.plan.fit.usable_memory`);
+  ``beyond_arguments_bytes``: the part beyond the arguments as their shapes give them;
 * per step (the batch program's loop body; the single-request program's pass):
   ``bytes_per_step`` and ``kernels_per_step`` from the optimized program
   (:mod:`alodlm_jax.plan.hlo`: every loop counted as often as it runs, the heaviest branch of
@@ -19,8 +21,10 @@ returns the plan record (``docs/plan.md`` describes every key):
 * ``xla_cost``: XLA's own ``cost_analysis()`` where the backend gives one (XLA:TPU, XLA:CPU),
   whose loop bodies count once.
 
-``max_batch_size`` (top level): the largest batch whose programs fit, from the compiled batch's
-memory by linear extrapolation (see :func:`max_batch_size`).
+Before compiling, :func:`alodlm_jax.plan.fit.check` refuses a plan whose arguments alone exceed
+the usable memory (:class:`~alodlm_jax.plan.fit.DoesNotFit`). ``max_batch_size`` (top level):
+the largest batch whose batch and admit programs fit (:func:`alodlm_jax.plan.fit.largest_batch`),
+one figure whatever batch is planned.
 """
 
 from __future__ import annotations
@@ -31,10 +35,10 @@ import time
 import jax
 
 from alodlm_jax.params import per_layer_weights
-from alodlm_jax.plan import hlo
+from alodlm_jax.plan import fit, hlo
 from alodlm_jax.plan.programs import PlannedProgram, evaluate_programs, place
 
-__all__ = ["plan", "floor_bytes", "tree_bytes", "max_batch_size", "PROGRAM_KEYS"]
+__all__ = ["plan", "floor_bytes", "tree_bytes", "PROGRAM_KEYS"]
 
 PROGRAM_KEYS = ("name", "compile_seconds", "program_bytes", "argument_bytes", "temp_bytes",
                 "device_memory_bytes", "capacity_bytes", "fits", "bytes_per_step",
@@ -141,24 +145,6 @@ def _xla_cost(compiled) -> dict | None:
     return {k: float(cost[k]) for k in ("flops", "bytes accessed", "transcendentals") if k in cost}
 
 
-def max_batch_size(programs: list[dict], capacity: int | None, data: int = 1) -> int | None:
-    """The largest batch whose programs fit ``capacity``: each program's device memory is taken
-    as its weights plus a part proportional to the batch (everything else: cache, request state,
-    temporaries), the proportion read from the compiled batch. Temporaries that do not grow with
-    the batch are thus charged per request, so the figure errs low. A multiple of ``data``; 0
-    when not even the weights fit."""
-    programs = [r for r in programs if "compile_error" not in r]
-    if capacity is None or not programs:
-        return None
-    best = None
-    for record in programs:
-        fixed = record["weight_bytes"]
-        per_request = max(1, record["device_memory_bytes"] - fixed) / record["batch"]
-        fit = int((capacity - fixed) // per_request) if capacity > fixed else 0
-        best = fit if best is None else min(best, fit)
-    return max(0, best - best % data)
-
-
 def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: int, mesh_spec=None,
          programs=None, batch_programs: bool = False, save_hlo: str | None = None,
          log=None, shapes: str | None = None) -> dict:
@@ -170,13 +156,17 @@ def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: in
     from alodlm_jax import rows as R
     from alodlm_jax.decode.layout import for_mesh
 
-    devices = target.devices()
-    shapes = shapes or R.shapes_for(devices[0].platform,
-                                    1 if mesh_spec is None else mesh_spec.num_devices)
+    usable, usable_basis = fit.usable_memory(target)
+    meshed = mesh_spec is not None and mesh_spec.num_devices > 1
+    # A named accelerator's compile-only devices come after the capacity check (fit.check): a
+    # plan that cannot fit is refused from the shapes alone.
+    devices = target.devices() if meshed or target.kind not in ("gpu", "tpu") else None
+    platform = devices[0].platform if devices else target.kind
+    shapes = shapes or R.shapes_for(platform, 1 if mesh_spec is None else mesh_spec.num_devices)
     layout = None
     data = 1
-    stacked = not per_layer_weights(devices[0].platform)
-    if mesh_spec is not None and mesh_spec.num_devices > 1:
+    stacked = not per_layer_weights(platform)
+    if meshed:
         from alodlm_jax import sharding as SH
 
         mesh = SH.make_mesh(mesh_spec, devices)
@@ -187,9 +177,17 @@ def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: in
     elif stacked:
         params_spec = _stacked_params(params_spec, cfg)
     names = programs
-    programs, bucket = evaluate_programs(cfg, params_spec, decode, prompt_tokens=prompt_tokens,
-                                         batch_size=batch_size, layout=layout,
-                                         batch_programs=batch_programs, shapes=shapes)
+
+    def programs_at(batch: int, with_batch_programs: bool):
+        return evaluate_programs(cfg, params_spec, decode, prompt_tokens=prompt_tokens,
+                                 batch_size=batch, layout=layout,
+                                 batch_programs=with_batch_programs, shapes=shapes)
+
+    programs, bucket = programs_at(batch_size, batch_programs)
+    linear = fit.per_request(lambda batch: programs_at(batch, True)[0], data)
+    fit.check([p for p in programs if names is None or p.name in names], linear, target, usable,
+              usable_basis, data)
+    devices = devices or target.devices()
     records = []
     for program in programs:
         if names is not None and program.name not in names:
@@ -208,9 +206,17 @@ def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: in
             if "RESOURCE_EXHAUSTED" not in str(error):
                 raise
             records.append(_refused(program, time.perf_counter() - start, target, floor, error))
+            records[-1]["usable_bytes"] = usable
             continue
         seconds = time.perf_counter() - start
-        records.append(_analyse(program, compiled, seconds, target, floor))
+        record = _analyse(program, compiled, seconds, target, floor)
+        # Against what a JAX process gets of the device (fit.usable_memory), and what the program
+        # needs beyond its arguments (temporaries, outputs not aliased, generated code).
+        record["usable_bytes"] = usable
+        record["fits"] = None if usable is None else record["device_memory_bytes"] <= usable
+        record["beyond_arguments_bytes"] = (record["device_memory_bytes"]
+                                            - fit.argument_bytes(program)["total"])
+        records.append(record)
         if save_hlo:
             import gzip
             import pathlib
@@ -220,6 +226,31 @@ def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: in
             with gzip.open(path, "wt", encoding="utf-8") as handle:
                 handle.write(compiled.as_text() or "")
         del compiled
+    # What a batch needs beyond its arguments: the batch and admit programs' own figures; planned
+    # at batch 1 (the single-request programs, which a batch never runs), the admit program's at
+    # the smallest batch, compiled for that alone (one request's prefill: it hardly grows with the
+    # batch, docs/plan.md "Memory").
+    beyond = {r["name"]: r["beyond_arguments_bytes"] for r in records
+              if r["name"] in ("batch", "admit") and "beyond_arguments_bytes" in r}
+    memory = None
+    if not beyond and usable is not None and not any("compile_error" in r for r in records):
+        (admit,) = [p for p in programs_at(2 * data, True)[0] if p.name == "admit"]
+        if log:
+            log(f"compiling admit (batch {admit.batch}) for {target.name}: what a batch needs "
+                f"beyond its arguments")
+        args = admit.args if layout is not None else place(admit.args, devices[0])
+        try:
+            memory = admit.jitted.lower(*args, **admit.kwargs).compile().memory_analysis()
+        except jax.errors.JaxRuntimeError as error:  # XLA:TPU: not even that batch fits
+            if "RESOURCE_EXHAUSTED" not in str(error):
+                raise
+            memory = None
+    if memory is not None:
+        beyond["admit"] = (int(memory.argument_size_in_bytes) + int(memory.output_size_in_bytes)
+                           - int(memory.alias_size_in_bytes) + int(memory.temp_size_in_bytes)
+                           + int(memory.generated_code_size_in_bytes)
+                           - fit.argument_bytes(admit)["total"])
+    extra = max(beyond.values(), default=0)
     return {
         "target": target.record(),
         "device": f"{devices[0].platform}: {devices[0].device_kind}",
@@ -243,14 +274,13 @@ def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: in
         "max_new_tokens": decode.max_new_tokens,
         "programs": records,
         "fits": all(r["fits"] is not False for r in records),
-        "max_batch_size": max_batch_size([r for r in records if r["name"] in ("batch", "admit")]
-                                         or records,
-                                         target.capacity_bytes, data),
+        "usable_bytes": usable,
+        "usable_basis": usable_basis,
+        "max_batch_size": fit.largest_batch(linear, usable, extra, data),
         "max_batch_size_basis": (
-            f"the batch and admit programs at batch {batch_size}, memory beyond the weights "
-            f"proportional to the batch" if any(r["name"] in ("batch", "admit") for r in records)
-            else "the single-request programs (batch 1), memory beyond the weights per request; "
-                 "plan --batch_size 2 or more for the batch programs' figure"),
+            f"the batch and admit programs' arguments from their shapes, plus {extra / 1e9:.2f} GB "
+            f"beyond them (the most of {' and '.join(sorted(beyond)) or 'none compiled'})"),
+        "batch_beyond_arguments_bytes": beyond,
         "jax": jax.__version__,
     }
 

@@ -21,6 +21,9 @@ def test_gpu_check_tiny_runs_on_cpu():
     # The batch sweep: both sizes on both shapes, each with XLA's step analysis and equal tokens.
     assert done.stdout.count("same tokens: True") == 4
     assert done.stdout.count("batch   3:") == 2 and "GB moved (floor" in done.stdout
+    # The plan of each batch program beside it: planned memory, the measured peak, the limit.
+    assert done.stdout.count("GB planned, peak in use") == 4
+    assert done.stdout.count("of an allocator limit of") == 4
 
 
 @pytest.mark.slow
