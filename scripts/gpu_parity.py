@@ -242,7 +242,9 @@ def main(argv=None) -> int:
     parser.add_argument("--settings", default=None,
                         help=f"comma-separated indices into the settings (0-{len(SETTINGS) - 1}; "
                              "default: all)")
-    parser.add_argument("--halt_tolerance", type=float, default=1e-5)
+    parser.add_argument("--halt_tolerance", type=float, default=1e-5,
+                        help="largest accepted difference of a first-pass halting probability "
+                             "(a negative one reports every request: a check of the report)")
     parser.add_argument("--diagnose", action="store_true",
                         help="where a setting differs, rerun it with each other shape policy "
                              "and, on a GPU, with each of a few XLA:GPU options off (a child "

@@ -24,12 +24,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = {"alodlm_convert": "convert", "alodlm_scoring": "scoring", "alodlm_prepare": "prepare"}
 
 
-def use(root: pathlib.Path = ROOT) -> pathlib.Path:
-    """Puts ``root`` (the repository) first on ``sys.path`` and links the mapped packages that are
-    not importable into a temporary folder on ``sys.path``; returns ``root``."""
+def use(root: pathlib.Path = ROOT, packages: dict[str, str] = PACKAGES) -> pathlib.Path:
+    """Puts ``root`` (the repository) first on ``sys.path`` and links the ``packages`` (import
+    name -> folder of ``root``) that are not importable into a temporary folder on ``sys.path``;
+    returns ``root``."""
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
-    missing = {name: folder for name, folder in PACKAGES.items()
+    missing = {name: folder for name, folder in packages.items()
                if importlib.util.find_spec(name) is None}
     if missing:
         links = pathlib.Path(tempfile.mkdtemp(prefix="alodlm-source-"))

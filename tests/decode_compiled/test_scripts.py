@@ -1,9 +1,10 @@
-"""The GPU check script runs end to end on CPU with --tiny (slow: it compiles both engines)."""
+"""The scripts run end to end on the CPU (slow: they compile the engines)."""
 
 from __future__ import annotations
 
 import pathlib
 import subprocess
+import sys
 
 import pytest
 
@@ -59,3 +60,38 @@ def test_bench_decode_quick_run(tmp_path):
     assert all(c["flops"] > 0 and 0 < c["floor_bytes"] <= c["bytes_moved"] for c in costs)
     assert costs[1]["flops"] > costs[0]["flops"]
     assert "one batch step, XLA cost/memory analysis" in done.stdout
+
+
+def test_source_tree_makes_mapped_packages_importable(tmp_path):
+    """scripts/source_tree.py: a package that lives in a folder of another name (pyproject's
+    package map) imports from a checkout that is not installed."""
+    (tmp_path / "pkg_folder").mkdir()
+    (tmp_path / "pkg_folder" / "__init__.py").write_text("ANSWER = 42\n")
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import source_tree; "
+            "source_tree.use(__import__('pathlib').Path(sys.argv[2]), "
+            "{'alodlm_unmapped_probe': 'pkg_folder'}); "
+            "import alodlm_unmapped_probe; print(alodlm_unmapped_probe.ANSWER)")
+    done = subprocess.run([sys.executable, "-c", code, str(ROOT / "scripts"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "42"
+
+
+@pytest.mark.slow
+def test_gpu_parity_script_on_cpu(tmp_path):
+    """scripts/gpu_parity.py with the CPU on both sides (the accelerators' fixed shapes on the
+    device side): identical counts and exit 0; a difference (here: a negative tolerance, which
+    every request exceeds) is reported per request and exits 1."""
+    script = [sys.executable, str(ROOT / "scripts" / "gpu_parity.py"), "--device", "cpu",
+              "--shapes", "fixed"]
+    done = subprocess.run(script + ["--quick", "--prompts", "4", "--batches", "1,8"],
+                          capture_output=True, text=True, timeout=1200, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "parity PASSED: batch 1: 8/8 identical, batch 8: 8/8 identical" in done.stdout
+    assert "window 7" in done.stdout and "window 10" in done.stdout
+    done = subprocess.run(script + ["--settings", "0", "--prompts", "2", "--batches", "8",
+                                    "--halt_tolerance", "-1"],
+                          capture_output=True, text=True, timeout=1200, cwd=tmp_path)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "parity FAILED: batch 8: " in done.stdout
+    assert "first-pass halting probabilities differ by up to" in done.stdout
