@@ -115,7 +115,7 @@ def test_off_a_terminal_a_line_at_least_every_interval():
     assert stream.getvalue() == closed  # nothing after close
     lines = closed.splitlines()
     assert lines[0] == f"{PROG}: loading the model m"
-    still = re.compile(rf"{PROG}: still loading the model m \(0:00 so far\)")
+    still = re.compile(rf"{PROG}: still loading the model m \(\d+:\d\d so far\)")
     start = lines.index(f"{PROG}: evaluated 0/4 (0 %), 0:00 elapsed")
     assert 1 <= start and all(still.fullmatch(line) for line in lines[1:start]), lines
     begin = lines.index(f"{PROG}: compiling a program")
