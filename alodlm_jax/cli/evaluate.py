@@ -5,8 +5,10 @@ Writes predictions.jsonl (one line per task, in task order) and summary.json (pe
 percent scores, their unweighted macro average, suite wall time and tokens per second, and a
 protocol block) into --output, and ends with a short table: per-benchmark scores, the macro score,
 tokens per second, the generation, compile and total times and the output files
-(--print_summary_json prints summary.json's JSON instead). On a terminal, stderr shows each phase
-as it starts (loading, tokenizing, compiling) and a task bar with the time left (--quiet: none).
+(--print_summary_json prints summary.json's JSON instead). stderr shows each phase as it starts
+(loading, tokenizing, compiling) and the tasks' progress: on a terminal a task bar with the time
+left, in a log or a pipe a plain line every 5 % of the tasks and at least every 30 s (--quiet:
+none).
 Non-code metrics are scored in this process;
 code metrics in a pool of fresh Python interpreters (--workers). Rescore mode never imports JAX.
 """
@@ -75,8 +77,8 @@ flags.DEFINE_boolean("resume", False, "Continue an interrupted run in --output: 
                      f"to differ: {FREE_SETTINGS_HELP}.",
                      flag_values=FLAGS)
 flags.DEFINE_boolean("quiet", False, "Print no progress on stderr: no phase lines (loading, "
-                     "tokenizing, compiling) and no task bar. They are shown only when stderr is a "
-                     "terminal.", flag_values=FLAGS)
+                     "tokenizing, compiling), no task bar (on a terminal) and no progress lines "
+                     "(in a log or a pipe).", flag_values=FLAGS)
 # Scaling out over processes (alodlm_jax.distributed; docs/scaling.md).
 flags.DEFINE_string("coordinator_address", None, "Generate mode, several processes: host:port of "
                     "process 0 for jax.distributed, or 'auto' (JAX's cluster detection). Each "
@@ -261,12 +263,19 @@ def _rescore_mode(tasks: Sequence[Mapping[str, Any]], state, progress) -> dict:
 
 
 def _evaluate() -> int:
+    progress = Progress(PROG, sys.stderr, quiet=FLAGS.quiet,
+                        label="rescored" if FLAGS.predictions else "evaluated")
+    try:
+        return _evaluate_with(progress)
+    finally:  # also when the command fails: no progress line after its error
+        progress.close()
+
+
+def _evaluate_with(progress: Progress) -> int:
     from alodlm_scoring.evaluation import prepare_output_directory
     from alodlm_scoring.tasks import load_tasks
 
     global _process_info
-    progress = Progress(PROG, sys.stderr, quiet=FLAGS.quiet,
-                        label="rescored" if FLAGS.predictions else "evaluated")
     progress.phase(f"checking the tasks in {FLAGS.input}")
     tasks = load_tasks(FLAGS.input)  # §6.2 step 1
     _process_info = None

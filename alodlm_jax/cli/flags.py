@@ -153,7 +153,9 @@ def run_command(
 
     Returns the exit status (0 on success) instead of exiting, so tests can call it in-process.
     ``flag_values`` should be the command's own ``FlagValues``; help lists all of its flags
-    (``module_name`` is accepted for compatibility and ignored).
+    (``module_name`` is accepted for compatibility and ignored). A command with a ``--device``
+    flag fixes JAX's platforms from it before ``main()`` runs
+    (:func:`alodlm_jax.cli.platforms.start_jax_for`: a CPU run starts no accelerator plugin).
     """
     argv = list(sys.argv if argv is None else argv)
     if any(arg in ("-h", "--help", "--helpshort", "--helpfull", "-help") for arg in argv[1:]):
@@ -164,6 +166,10 @@ def run_command(
     except UsageError as error:
         print(error_line(prog, error), file=sys.stderr, flush=True)
         return 2
+    if "device" in flag_values:  # before JAX is imported: a CPU run starts no accelerator plugin
+        from alodlm_jax.cli.platforms import start_jax_for
+
+        start_jax_for(flag_values["device"].value)
     try:
         status = main()
     except USER_ERRORS + tuple(extra_errors) as error:

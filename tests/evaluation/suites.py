@@ -4,8 +4,25 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 IDENTITY_TESTS = "assert identity(3) == 3"
+
+# What the evaluate command writes on stderr before an error: a line per phase it started (in a
+# log as on a terminal) and the tasks' plain progress lines (alodlm_jax.cli.progress).
+_PHASE = re.compile(r"(checking|loading|reading|tokenizing|compiling|resuming|still|--batch_size "
+                    r"auto:|programs ready|\d+ XLA program|(evaluated|rescored) \d+/\d+) ")
+
+
+def error_after_phases(err: str, prog: str = "alodlm-jax-evaluate") -> str:
+    """The one-line error that ends a failed command's stderr; every line before it must be one
+    of the command's phase or progress lines (no traceback, no second error)."""
+    *before, last = err.strip("\n").splitlines() or [""]
+    assert last.startswith(f"{prog}: error: "), err
+    for line in before:
+        assert line.startswith(f"{prog}: ") and _PHASE.match(line[len(prog) + 2:]), err
+    assert "Traceback" not in err
+    return last
 
 
 def python_task(task_id, tests=IDENTITY_TESTS, benchmark="mbpp", timeout=None, **extra):

@@ -9,6 +9,7 @@ import pytest
 
 from alodlm_jax.cli import evaluate
 from alodlm_scoring.outputs import protocol_block
+from evaluation import suites
 
 from .helpers import read_rows, run_prepare, source_flags
 
@@ -77,7 +78,7 @@ def test_a_broken_or_foreign_manifest_is_a_one_line_error(suite, tmp_path, capsy
                             str(predictions), "--output", str(tmp_path / "rescored")])
     captured = capsys.readouterr()
     assert status == 2 and captured.out == ""
-    [line] = captured.err.strip().splitlines()
+    line = suites.error_after_phases(captured.err)
     assert str(manifest) in line and needle in line
     assert not (tmp_path / "rescored" / "summary.json").exists()
     assert not (tmp_path / "rescored" / "predictions.jsonl").exists()

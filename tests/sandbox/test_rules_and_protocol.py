@@ -147,9 +147,9 @@ def test_strict_without_the_sandbox_is_a_flag_error(tmp_path, capsys):
     status = evaluate.main(["alodlm-jax-evaluate", f"--input={tasks_path}",
                             f"--predictions={predictions_path}", f"--output={tmp_path / 'out'}",
                             "--code_verdicts=strict", "--code_sandbox=off"])
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert status == 2 and len(lines) == 1
-    assert "--code_verdicts=strict needs the code sandbox (--code_sandbox=on)" in lines[0]
+    line = suites.error_after_phases(capsys.readouterr().err)
+    assert status == 2
+    assert "--code_verdicts=strict needs the code sandbox (--code_sandbox=on)" in line
     assert not (tmp_path / "out" / "predictions.jsonl").exists()
 
 
