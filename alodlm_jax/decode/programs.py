@@ -21,6 +21,11 @@ is on (the commands' default), a program compiled again after an eviction is rea
 
 :func:`enable_persistent_cache` turns that on-disk cache on (the commands do by default, see
 ``alodlm_jax.cli.flags.define_compilation_flags``).
+
+On a GPU every program is compiled with :func:`compiler_options`: XLA:GPU's command buffers (CUDA
+graphs) over kernels, library calls, custom calls, and loops and branches whose predicate lives on
+the device (``WHILE``, ``CONDITIONAL``), so a decoding program runs as graphs the host launches
+rather than a kernel at a time, and its loops of passes and steps read nothing back to the host.
 """
 
 from __future__ import annotations
@@ -34,6 +39,23 @@ from typing import Any, Callable, Hashable
 import jax
 
 from alodlm_jax.config import DEFAULT_COMPILATION_CACHE_BYTES, DEFAULT_MAX_PROGRAMS
+
+# XLA:GPU's command types the programs' command buffers hold on a GPU (module docstring); WHILE
+# and CONDITIONAL need CUDA 12.3 or newer (XLA leaves them out on an older driver).
+GPU_COMMAND_TYPES = ("FUSION", "CUBLAS", "CUBLASLT", "CUSTOM_CALL", "CUDNN", "WHILE", "CONDITIONAL")
+_COMMAND_BUFFER_FLAG = "xla_gpu_enable_command_buffer"
+
+
+def compiler_options(platform: str) -> dict[str, str]:
+    """The XLA options every program is compiled with on ``platform`` (``compile(compiler_options=
+    ...)``; recorded in a run's ``protocol.xla_options``): on a GPU, command buffers of
+    :data:`GPU_COMMAND_TYPES`, unless the environment's ``XLA_FLAGS`` sets
+    ``--xla_gpu_enable_command_buffer`` itself (then XLA_FLAGS decides); none elsewhere."""
+    if platform not in ("gpu", "cuda", "rocm"):
+        return {}
+    if _COMMAND_BUFFER_FLAG in os.environ.get("XLA_FLAGS", ""):
+        return {}
+    return {_COMMAND_BUFFER_FLAG: ",".join(GPU_COMMAND_TYPES)}
 
 
 class ProgramStore:
@@ -52,10 +74,11 @@ class ProgramStore:
     def __contains__(self, key: Hashable) -> bool:
         return key in self._programs
 
-    def get(self, key: Hashable, jitted, make_args: Callable[[], tuple[tuple, dict]]
-            ) -> tuple[Any, float]:
+    def get(self, key: Hashable, jitted, make_args: Callable[[], tuple[tuple, dict]],
+            options: dict | None = None) -> tuple[Any, float]:
         """``(executable, compile seconds)``: the stored one (0.0 seconds), or ``jitted`` lowered
-        with ``make_args() -> (args, kwargs)`` and compiled (and stored) now."""
+        with ``make_args() -> (args, kwargs)`` and compiled (and stored) now, with XLA
+        ``options`` (:func:`compiler_options`; part of the key's meaning: one key, one set)."""
         with self._lock:
             exe = self._programs.get(key)
             if exe is not None:
@@ -63,7 +86,8 @@ class ProgramStore:
                 return exe, 0.0
         t0 = time.perf_counter()
         args, kwargs = make_args()
-        exe = jitted.lower(*args, **kwargs).compile()
+        lowered = jitted.lower(*args, **kwargs)
+        exe = lowered.compile(compiler_options=options) if options else lowered.compile()
         seconds = time.perf_counter() - t0
         with self._lock:
             self.compiles += 1
