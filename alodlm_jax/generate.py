@@ -327,6 +327,9 @@ class Generator:
             fields["gpu"] = self._jax_device.device_kind
         fields["device_kind"] = self._jax_device.device_kind
         fields["compile_seconds"] = self.compile_seconds
+        options = getattr(self.engine, "compiler_options", None)
+        if options:  # the XLA options the programs were compiled with (command buffers on a GPU)
+            fields["xla_options"] = dict(options)
         return fields
 
 

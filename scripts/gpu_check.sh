@@ -9,8 +9,10 @@
 # tokens/s against one request at a time, and XLA's cost analysis of one batch step (bytes moved
 # / 4.8 TB/s: the step time the bandwidth allows) beside the measured time per step, and the
 # plan's prediction for the same batch program (alodlm-jax-plan's figures for this device: compile
-# seconds, device memory, bytes and kernels per step, ms/step at 4.8 TB/s; block "PLAN" below), so
-# the first GPU calibrates the plan. On a GPU the compiled engine runs the accelerators' fixed
+# seconds, device memory, bytes, FLOPs and kernels per step, the kernels launched outside command
+# buffers, its predicted ms/step; block "PLAN" below) beside the measured ms/step (the batch
+# program's run time over its own count of steps; the single-request program's time per pass),
+# so one run recalibrates the plan (alodlm_jax/plan/launches.py: TIME_MODEL). On a GPU the compiled engine runs the accelerators' fixed
 # shapes (one row shape, attention over the whole cache: alodlm_jax/rows.py), and on one GPU the
 # batch step attends in the Triton kernel (alodlm_jax/window_kernel.py; "shapes fixed-kernel"),
 # as evaluate does. In bf16 its sums run in another order than the single-request program's, so
@@ -90,19 +92,20 @@ def batch_sweep(cfg, params, batches, args) -> bool:
         outs = engine.generate_batch(prompts)
         wall = time.perf_counter() - t0
         tokens = sum(len(o.token_ids) for o in outs)
-        steps = sum(engine.last_live_steps.values()) / b  # request-passes / slots ~ steps
+        # The engine's own count of the batch program's steps and the seconds its runs took.
+        steps, run_seconds = engine.last_batch_steps, engine.last_batch_seconds
         same = all(a.token_ids == o.token_ids for a, o in zip(alone, outs))
         same_all &= same
         cost = step_analysis(cfg, params, engine.bucket_for(args.prompt_tokens, batch=b),
                              shapes=engine.shapes)
         floor_ms = 1e3 * cost["bytes_moved"] / HBM_BYTES_PER_SECOND
         print(f"  batch {b:>3}: {tokens / wall:9.1f} tok/s (x{tokens / wall / base:5.2f} one at a "
-              f"time)  ~{1e3 * wall / max(steps, 1):7.3f} ms/step; XLA step: "
+              f"time)  {1e3 * run_seconds / max(steps, 1):7.3f} ms/step ({steps} steps); XLA step: "
               f"{cost['bytes_moved'] / 1e9:.3f} GB moved (floor {cost['floor_bytes'] / 1e9:.3f}, "
               f"x{cost['moved_over_floor']:.2f}) -> {floor_ms:.3f} ms at 4.8 TB/s; "
               f"{cost['flops'] / 1e9:.0f} GFLOP; same tokens: {same}; shapes {engine.shapes}",
               flush=True)
-        print_plan(cfg, params, decode, args, b, measured_ms=1e3 * wall / max(steps, 1),
+        print_plan(cfg, params, decode, args, b, "batch", measured_ms=1e3 * run_seconds / max(steps, 1),
                    measured_compile=engine.compile_seconds)
     return same_all
 
@@ -161,6 +164,9 @@ def main() -> int:
                       f"prefill {1e3 * out.prefill_seconds:7.2f} ms  compile "
                       f"{engine.compile_seconds:6.1f} s"
                       + (f"  shapes {engine.shapes}" if label == "compiled" else ""), flush=True)
+                if label == "compiled" and mode == "entropy":
+                    print_plan(cfg, params, decode, args, 1, "single", measured_ms=ms_pass,
+                               measured_compile=engine.compile_seconds)
                 if name == "1.7b" and label == "compiled" and not args.tiny:
                     met = ms_pass <= 1.5 * roofline_ms
                     print(f"  goal compiled ms/pass <= 1.5x roofline (batch 1): "
@@ -179,30 +185,46 @@ def main() -> int:
 
 
 # ---- PLAN (alodlm-jax-plan's prediction beside the measured step) ----------------------------
-def print_plan(cfg, params, decode, args, batch, *, measured_ms, measured_compile) -> None:
-    """The plan of the batch program just measured (alodlm_jax.plan on this device): predicted
-    ms/step (its bytes per step at 4.8 TB/s) beside the measured one, compile seconds, and its
-    device memory beside the device's measured peak and its allocator's limit (bytes_limit: what
-    the plan of a named GPU takes as usable, alodlm_jax.plan.fit)."""
-    from alodlm_jax.plan.compile import plan
-    from alodlm_jax.plan.targets import attached_target
+def print_plan(cfg, params, decode, args, batch, program, *, measured_ms, measured_compile) -> None:
+    """The plan of the program just measured (alodlm_jax.plan on this device, with the engine's
+    XLA options): its predicted ms per step (the single-request program: per pass) beside the
+    measured one, what it is made of (bytes and FLOPs at the H200's rates, kernels launched
+    outside command buffers, host syncs), compile seconds, and its device memory
+    beside the device's measured peak and its allocator's limit (bytes_limit: what the plan of a
+    named GPU takes as usable, alodlm_jax.plan.fit)."""
+    import dataclasses
 
+    from alodlm_jax.plan.compile import plan
+    from alodlm_jax.plan.targets import attached_target, load_target
+
+    rates = load_target("h200")  # this script's device: its bandwidth and matrix rate
+    target = dataclasses.replace(attached_target(), bandwidth_bytes_per_second=rates.bandwidth_bytes_per_second,
+                                 matrix_flops_per_second=rates.matrix_flops_per_second)
     spec = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
-    record = plan(attached_target(), cfg, spec, decode, prompt_tokens=args.prompt_tokens,
-                  batch_size=batch, programs={"batch"}, batch_programs=True)
+    record = plan(target, cfg, spec, decode, prompt_tokens=args.prompt_tokens,
+                  batch_size=batch, programs={program}, batch_programs=program == "batch")
     (p,) = record["programs"]
     stats = jax.devices()[0].memory_stats() or {}
     peak, limit = stats.get("peak_bytes_in_use"), stats.get("bytes_limit")
-    predicted = None if not p["bytes_per_step"] else 1e3 * p["bytes_per_step"] / HBM_BYTES_PER_SECOND
-    print(f"  plan   {batch:>3}: predicted {predicted if predicted is None else f'{predicted:.3f}'} "
-          f"ms/step (bytes/step {p['bytes_per_step']}, floor {p['floor_bytes_per_step']}, "
-          f"{p['kernels_per_step']} kernels) vs measured {measured_ms:.3f} ms/step; compile "
-          f"{p['compile_seconds']:.1f} s (engine measured {measured_compile:.1f} s); device memory "
-          f"{p['device_memory_bytes'] / 1e9:.3f} GB planned, peak in use "
-          f"{'-' if peak is None else f'{peak / 1e9:.3f} GB'} (the process's, this batch's "
-          f"engine and the one-request engine's cache included) of an allocator limit of "
-          f"{'-' if limit is None else f'{limit / 1e9:.3f} GB'}; the plan's largest batch "
-          f"{record['max_batch_size']}", flush=True)
+    predicted = p["predicted_step_seconds"]
+    predicted_ms = None if predicted is None else 1e3 * predicted
+    ratio = "-" if not predicted_ms else f"{measured_ms / predicted_ms:.2f}"
+    print(f"  plan {program:>6} {batch:>3}: predicted "
+          f"{'-' if predicted_ms is None else f'{predicted_ms:.3f}'} ms/step vs measured "
+          f"{measured_ms:.3f} ms/step (measured/predicted {ratio}): bytes "
+          f"{p['bytes_per_step'] / 1e9:.3f} GB ({1e3 * p['bytes_per_step'] / rates.bandwidth_bytes_per_second:.3f} ms; "
+          f"floor {p['floor_bytes_per_step'] / 1e9:.3f} GB), {(p['flops_per_step'] or 0) / 1e12:.3f} TFLOP "
+          f"({1e3 * (p['flops_per_step'] or 0) / rates.matrix_flops_per_second:.3f} ms), "
+          f"{p['kernels_per_step']} kernels, {p['kernels_outside_command_buffers']} launched outside "
+          f"command buffers, {p['command_buffer_launches']} command buffers, {p['host_syncs']} host "
+          f"syncs; options {record['xla_options']}; compile {p['compile_seconds']:.1f} s (engine "
+          f"measured {measured_compile:.1f} s); device memory {p['device_memory_bytes'] / 1e9:.3f} GB "
+          f"planned, peak in use {'-' if peak is None else f'{peak / 1e9:.3f} GB'} (the "
+          f"process's, this batch's engine and the one-request engine's cache included) of an "
+          f"allocator limit of {'-' if limit is None else f'{limit / 1e9:.3f} GB'}; the plan's "
+          f"largest batch {record['max_batch_size']}", flush=True)
+
+
 # ---- end PLAN ---------------------------------------------------------------------------------
 
 

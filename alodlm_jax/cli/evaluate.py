@@ -178,6 +178,8 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
 
             block["batch_timing"] = BATCH_TIMING
         block.update(layout)
+        if supplied.get("xla_options"):  # the compiled engine on a GPU: its command buffers
+            block["xla_options"] = dict(supplied["xla_options"])
         return block
 
     if _process_info is not None:

@@ -50,6 +50,10 @@ flags.DEFINE_string("programs", None, "Comma-separated subset of the programs to
                     "(single, prefill at batch 1; batch, admit above). Default: all.",
                     flag_values=FLAGS)
 flags.DEFINE_string("json", None, "Also write the plan as JSON to this file.", flag_values=FLAGS)
+flags.DEFINE_enum("command_buffers", "engine", ["engine", "xla", "graphs"], "GPU targets: compile "
+                  "with the engine's XLA options (engine: XLA's defaults), XLA's defaults (xla), or "
+                  "with loops and branches in command buffers too (graphs: CUDA graph conditional "
+                  "nodes).", flag_values=FLAGS)
 flags.DEFINE_string("save_hlo", None, "Also write each optimized program's text to "
                     "DIR/NAME.hlo.gz (to read it again without compiling).", flag_values=FLAGS)
 
@@ -150,6 +154,13 @@ def format_plan(record: dict) -> str:
             lines.append(f"    per step: {_gb(p['bytes_per_step'])} moved, floor "
                          f"{_gb(p['floor_bytes_per_step'])} ({ratio:.2f}x), {p['kernels_per_step']} "
                          f"kernels{rate}")
+            if p.get("predicted_step_seconds") is not None:
+                launched = ("" if p.get("kernels_outside_command_buffers") is None else
+                            f"; {p['kernels_outside_command_buffers']} kernels launched outside "
+                            f"command buffers, {p['command_buffer_launches']} command buffers, "
+                            f"{p['host_syncs']} host syncs")
+                lines.append(f"    predicted step {1e3 * p['predicted_step_seconds']:.3f} ms "
+                             f"({(p.get('flops_per_step') or 0) / 1e12:.3f} TFLOP){launched}")
     lines.append(f"largest batch that fits: {record['max_batch_size']} (from "
                  f"{record['max_batch_size_basis']})")
     return "\n".join(lines) + "\n"
@@ -185,7 +196,7 @@ def _plan() -> int:
                         f"{fv.batch_size}; choose from {sorted(known)}")
     record = plan(target, cfg, params, decode, prompt_tokens=prompt_tokens,
                   batch_size=fv.batch_size, mesh_spec=mesh_spec if mesh_spec.num_devices > 1 else None,
-                  programs=wanted, save_hlo=fv.save_hlo,
+                  programs=wanted, save_hlo=fv.save_hlo, command_buffers=fv.command_buffers,
                   log=lambda text: print(f"{PROG}: {text}", file=sys.stderr, flush=True))
     record["model"]["name"] = fv.model
     record["tasks"] = tasks

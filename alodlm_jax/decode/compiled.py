@@ -39,7 +39,7 @@ from alodlm_jax.decode import scheduler
 from alodlm_jax.decode import state as S
 from alodlm_jax.decode import window as W
 from alodlm_jax.decode.layout import ONE_DEVICE, Layout, Program
-from alodlm_jax.decode.programs import PROGRAMS, enable_persistent_cache
+from alodlm_jax.decode.programs import PROGRAMS, compiler_options, enable_persistent_cache
 from alodlm_jax.decode.result import DecodeOutput, result_dict
 from alodlm_jax.decode.window import Bucket
 
@@ -139,7 +139,10 @@ class CompiledEngine:
         if shapes is not None and shapes not in R.SHAPES:
             raise ValueError(f"shapes must be one of {R.SHAPES}, not {shapes!r}")
         self.layout = layout
-        self.shapes = shapes or R.shapes_for(_platform(params, layout), layout.data * layout.model)
+        platform = _platform(params, layout)
+        self.shapes = shapes or R.shapes_for(platform, layout.data * layout.model)
+        # XLA options of every program (programs.compiler_options: command buffers on a GPU).
+        self.compiler_options = compiler_options(platform)
         enable_persistent_cache(compilation_cache_dir)
         self.cfg = cfg
         self.params = params
@@ -192,8 +195,9 @@ class CompiledEngine:
         """The executable of program ``name`` for ``key`` from the process's bounded program store
         (shared by every engine: program, cfg, params signature, layout, bucket, mode), compiled
         now if it is not there; compile seconds are added to :attr:`compile_seconds`."""
-        full_key = ("compiled", name, self.cfg, self._params_signature, self.layout.key) + key
-        exe, seconds = PROGRAMS.get(full_key, jitted, make_args)
+        full_key = ("compiled", name, self.cfg, self._params_signature, self.layout.key,
+                    tuple(sorted(self.compiler_options.items()))) + key
+        exe, seconds = PROGRAMS.get(full_key, jitted, make_args, self.compiler_options)
         self.compile_seconds += seconds
         return exe
 

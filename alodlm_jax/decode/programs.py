@@ -21,6 +21,13 @@ is on (the commands' default), a program compiled again after an eviction is rea
 
 :func:`enable_persistent_cache` turns that on-disk cache on (the commands do by default, see
 ``alodlm_jax.cli.flags.define_compilation_flags``).
+
+Every program is compiled with :func:`compiler_options` (XLA's defaults, recorded in a run's
+protocol); :func:`compiler_options` with ``graphs`` also puts XLA:GPU's loops and branches whose
+predicate lives on the device (``WHILE``, ``CONDITIONAL``) into command buffers (CUDA graphs),
+which the plan measures (``alodlm-jax-plan --command_buffers graphs``) but the engine does not
+use: by the plan's count it removes the few launches and host reads a step has left and costs
+the 8B's batch programs every graph (``docs/plan.md``).
 """
 
 from __future__ import annotations
@@ -34,6 +41,26 @@ from typing import Any, Callable, Hashable
 import jax
 
 from alodlm_jax.config import DEFAULT_COMPILATION_CACHE_BYTES, DEFAULT_MAX_PROGRAMS
+
+# XLA:GPU's command types the programs' command buffers hold on a GPU (module docstring); WHILE
+# and CONDITIONAL need CUDA 12.3 or newer (XLA leaves them out on an older driver).
+GPU_COMMAND_TYPES = ("FUSION", "CUBLAS", "CUBLASLT", "CUSTOM_CALL", "CUDNN", "WHILE", "CONDITIONAL")
+_COMMAND_BUFFER_FLAG = "xla_gpu_enable_command_buffer"
+
+
+def compiler_options(platform: str, *, graphs: bool = False) -> dict[str, str]:
+    """The XLA options the programs are compiled with on ``platform`` (``compile(compiler_options=
+    ...)``; recorded in a run's ``protocol.xla_options``). The engine compiles with XLA's defaults
+    (``{}``): with them a pass or a step is already almost all in command buffers, and the plan
+    predicts the 8B's batch steps slower with loops and branches in graphs (``docs/plan.md``).
+    ``graphs``: on a GPU, command buffers of :data:`GPU_COMMAND_TYPES` (loops and branches
+    included), unless the environment's ``XLA_FLAGS`` sets ``--xla_gpu_enable_command_buffer``
+    itself; what ``alodlm-jax-plan --command_buffers graphs`` compiles."""
+    if not graphs or platform not in ("gpu", "cuda", "rocm"):
+        return {}
+    if _COMMAND_BUFFER_FLAG in os.environ.get("XLA_FLAGS", ""):
+        return {}
+    return {_COMMAND_BUFFER_FLAG: ",".join(GPU_COMMAND_TYPES)}
 
 
 class ProgramStore:
@@ -52,10 +79,11 @@ class ProgramStore:
     def __contains__(self, key: Hashable) -> bool:
         return key in self._programs
 
-    def get(self, key: Hashable, jitted, make_args: Callable[[], tuple[tuple, dict]]
-            ) -> tuple[Any, float]:
+    def get(self, key: Hashable, jitted, make_args: Callable[[], tuple[tuple, dict]],
+            options: dict | None = None) -> tuple[Any, float]:
         """``(executable, compile seconds)``: the stored one (0.0 seconds), or ``jitted`` lowered
-        with ``make_args() -> (args, kwargs)`` and compiled (and stored) now."""
+        with ``make_args() -> (args, kwargs)`` and compiled (and stored) now, with XLA
+        ``options`` (:func:`compiler_options`; part of the key's meaning: one key, one set)."""
         with self._lock:
             exe = self._programs.get(key)
             if exe is not None:
@@ -63,7 +91,8 @@ class ProgramStore:
                 return exe, 0.0
         t0 = time.perf_counter()
         args, kwargs = make_args()
-        exe = jitted.lower(*args, **kwargs).compile()
+        lowered = jitted.lower(*args, **kwargs)
+        exe = lowered.compile(compiler_options=options) if options else lowered.compile()
         seconds = time.perf_counter() - t0
         with self._lock:
             self.compiles += 1

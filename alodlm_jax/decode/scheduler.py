@@ -64,6 +64,10 @@ def generate_stream(engine, prompts: Sequence[Sequence[int]], batch_size: int) -
     next_out = 0
     engine.last_live_steps = {}  # request -> batch steps it was live in (tests)
     engine.last_schedule = schedule = []  # ("admit" | "done", slot, request) in order (tests)
+    # Steps the batch program ran and the seconds its executions took (admits not included):
+    # scripts/gpu_check.sh's measured time per step.
+    engine.last_batch_steps, engine.last_batch_seconds = 0, 0.0
+    slot_steps = np.zeros((bucket.batch,), np.int64)  # each slot's live_steps after the last run
     jax.block_until_ready((cache, carry, consts, params))
     try:
         while waiting or any(i is not None for i in occupant):
@@ -81,13 +85,19 @@ def generate_stream(engine, prompts: Sequence[Sequence[int]], batch_size: int) -
                     prefill[i] = time.perf_counter() - t0
                     wall[i] += prefill[i]
                     occupant[b] = i
+                    slot_steps[b] = 0
                     schedule.append(("admit", b, i))
             live = [b for b in range(bucket.batch) if occupant[b] is not None]
             stop_early = layout.place(jnp.asarray(bool(waiting)))
             t0 = time.perf_counter()
             cache, carry = run(params, cache, carry, consts, stop_early)
-            finished = np.asarray(jax.device_get(carry.dstate.finished))
+            finished, now = map(np.asarray, jax.device_get((carry.dstate.finished,
+                                                             carry.live_steps)))
             elapsed = time.perf_counter() - t0
+            if live:  # every step advances each request live in it by one
+                engine.last_batch_steps += int(max(now[b] - slot_steps[b] for b in live))
+                engine.last_batch_seconds += elapsed
+            slot_steps = now.astype(np.int64)
             for b in live:
                 wall[occupant[b]] += elapsed / len(live)
             ended = [b for b in live if finished[b]]

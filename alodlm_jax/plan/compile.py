@@ -19,7 +19,16 @@ returns the plan record (``docs/plan.md`` describes every key):
   every switch); ``floor_bytes_per_step`` (:func:`floor_bytes`); ``steps_per_second`` and
   ``request_passes_per_second``: what ``bytes_per_step`` allows at the target's bandwidth;
 * ``xla_cost``: XLA's own ``cost_analysis()`` where the backend gives one (XLA:TPU, XLA:CPU),
-  whose loop bodies count once.
+  whose loop bodies count once;
+* on a GPU (:mod:`alodlm_jax.plan.launches`, from XLA's thunks after its command-buffer pass),
+  per step: ``kernels_outside_command_buffers`` (launched one by one by the host),
+  ``command_buffer_launches``, ``kernels_in_command_buffers``, ``host_syncs``,
+  ``step_in_command_buffer``; and everywhere ``flops_per_step`` (the matrix products) and
+  ``predicted_step_seconds`` (:func:`alodlm_jax.plan.launches.predicted_step_seconds`).
+
+The programs are compiled with the engine's XLA options
+(:func:`alodlm_jax.decode.programs.compiler_options`: command buffers on a GPU), or with XLA's
+defaults (``command_buffers="xla"``); ``xla_options`` in the record says which.
 
 Before compiling, :func:`alodlm_jax.plan.fit.check` refuses a plan whose arguments alone exceed
 the usable memory (:class:`~alodlm_jax.plan.fit.DoesNotFit`). ``max_batch_size`` (top level):
@@ -35,7 +44,7 @@ import time
 import jax
 
 from alodlm_jax.params import per_layer_weights
-from alodlm_jax.plan import fit, hlo
+from alodlm_jax.plan import fit, hlo, launches
 from alodlm_jax.plan.programs import PlannedProgram, evaluate_programs, place
 
 __all__ = ["plan", "floor_bytes", "tree_bytes", "PROGRAM_KEYS"]
@@ -71,11 +80,16 @@ def floor_bytes(cfg, params_spec, bucket, batch: int, *, prelude: bool = True) -
     return int(weights + 2 * batch * layers * row_kv * (bucket.t_max + bucket.rows))
 
 
-def _analyse(program: PlannedProgram, compiled, seconds: float, target, floor: int) -> dict:
+def _analyse(program: PlannedProgram, compiled, seconds: float, target, floor: int,
+             thunks: tuple[str, str] | None = None) -> dict:
     memory = compiled.memory_analysis()
     text = compiled.as_text() or ""
     module = hlo.parse(text)
     step = hlo.step_cost(module, program.step_depth) if program.step_depth else None
+    step_launches = None
+    if step is not None and thunks is not None:
+        loop = hlo.step_loop(module, program.step_depth)
+        step_launches = launches.step_launches(module, loop and loop.name, *thunks)
     whole = hlo.program_cost(module)
     arguments = int(memory.argument_size_in_bytes)
     device_memory = (arguments + int(memory.output_size_in_bytes) - int(memory.alias_size_in_bytes)
@@ -111,6 +125,26 @@ def _analyse(program: PlannedProgram, compiled, seconds: float, target, floor: i
     if step is not None and step.bytes and bandwidth:
         record["steps_per_second"] = bandwidth / step.bytes
         record["request_passes_per_second"] = program.batch * bandwidth / step.bytes
+    record.update(_launch_record(step, step_launches, target))
+    return record
+
+
+LAUNCH_KEYS = ("flops_per_step", "kernels_outside_command_buffers", "command_buffer_launches",
+               "kernels_in_command_buffers", "host_syncs", "step_in_command_buffer",
+               "predicted_step_seconds")
+
+
+def _launch_record(step, step_launches: dict | None, target) -> dict:
+    """The step's FLOPs, launches (GPU) and predicted time (module docstring)."""
+    record = dict.fromkeys(LAUNCH_KEYS)
+    if step is None:
+        return record
+    record["flops_per_step"] = step.flops
+    if step_launches is not None:
+        record.update({k: step_launches[k] for k in LAUNCH_KEYS if k in step_launches})
+    record["predicted_step_seconds"] = launches.predicted_step_seconds(
+        step.bytes, step.flops, step_launches, step.kernels, target.bandwidth_bytes_per_second,
+        getattr(target, "matrix_flops_per_second", None))
     return record
 
 
@@ -123,7 +157,7 @@ def _refused(program: PlannedProgram, seconds: float, target, floor: int, error)
                             "generated_code_bytes", "bytes_per_step", "kernels_per_step",
                             "loops_of_unknown_trip_count_in_step", "bytes_per_run",
                             "kernels_per_run", "steps_per_second", "request_passes_per_second",
-                            "xla_cost"))
+                            "xla_cost") + LAUNCH_KEYS)
     record.update(name=program.name, compile_seconds=round(seconds, 3), argument_bytes=arguments,
                   weight_bytes=sum(tree_bytes(program.args[i]) for i in program.weight_args),
                   cache_bytes=sum(tree_bytes(program.args[i]) for i in program.cache_args),
@@ -147,21 +181,30 @@ def _xla_cost(compiled) -> dict | None:
 
 def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: int, mesh_spec=None,
          programs=None, batch_programs: bool = False, save_hlo: str | None = None,
-         log=None, shapes: str | None = None) -> dict:
+         log=None, shapes: str | None = None, command_buffers: str = "engine") -> dict:
     """Compiles evaluate's programs for ``target`` and returns the plan record (module
     docstring). ``mesh_spec``: an :class:`alodlm_jax.sharding.MeshSpec` over the target's
     devices (None: one device). ``log(text)`` hears about each compile as it starts.
     ``shapes``: the programs' shape policy (:mod:`alodlm_jax.rows`), by default the one the
-    engine picks on the target's platform."""
+    engine picks on the target's platform. ``command_buffers``: ``"engine"`` compiles with the
+    engine's XLA options (XLA's defaults), ``"xla"`` with XLA's defaults, ``"graphs"`` with
+    loops and branches in command buffers too (:func:`alodlm_jax.decode.programs.compiler_options`)."""
     from alodlm_jax import rows as R
     from alodlm_jax.decode.layout import for_mesh
+    from alodlm_jax.decode.programs import compiler_options
 
+    if command_buffers not in ("engine", "xla", "graphs"):
+        raise ValueError("command_buffers must be 'engine', 'xla' or 'graphs', not "
+                         f"{command_buffers!r}")
     usable, usable_basis = fit.usable_memory(target)
     meshed = mesh_spec is not None and mesh_spec.num_devices > 1
     # A named accelerator's compile-only devices come after the capacity check (fit.check): a
     # plan that cannot fit is refused from the shapes alone.
     devices = target.devices() if meshed or target.kind not in ("gpu", "tpu") else None
     platform = devices[0].platform if devices else target.kind
+    gpu = platform in ("gpu", "cuda", "rocm")
+    options = ({} if command_buffers == "xla" else
+               compiler_options(platform, graphs=command_buffers == "graphs"))
     shapes = shapes or R.shapes_for(platform, 1 if mesh_spec is None else mesh_spec.num_devices)
     layout = None
     data = 1
@@ -201,7 +244,7 @@ def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: in
             log(f"compiling {program.name} (batch {program.batch}) for {target.name}")
         start = time.perf_counter()
         try:
-            compiled = program.jitted.lower(*args, **program.kwargs).compile()
+            compiled, thunks = _compile(program, args, options, dump=gpu)
         except jax.errors.JaxRuntimeError as error:
             if "RESOURCE_EXHAUSTED" not in str(error):
                 raise
@@ -209,7 +252,7 @@ def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: in
             records[-1]["usable_bytes"] = usable
             continue
         seconds = time.perf_counter() - start
-        record = _analyse(program, compiled, seconds, target, floor)
+        record = _analyse(program, compiled, seconds, target, floor, thunks)
         # Against what a JAX process gets of the device (fit.usable_memory), and what the program
         # needs beyond its arguments (temporaries, outputs not aliased, generated code).
         record["usable_bytes"] = usable
@@ -282,7 +325,23 @@ def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: in
             f"beyond them (the most of {' and '.join(sorted(beyond)) or 'none compiled'})"),
         "batch_beyond_arguments_bytes": beyond,
         "jax": jax.__version__,
+        "xla_options": options,
     }
+
+
+def _compile(program: PlannedProgram, args, options: dict, *, dump: bool):
+    """``(compiled, thunks)``: the program compiled with XLA ``options``; with ``dump`` (XLA:GPU)
+    also XLA's thunk sequence after its thunk passes and the thunks' metadata
+    (:func:`alodlm_jax.plan.launches.read_dump`), written to a temporary directory (the dump's
+    time is part of the compile seconds). The dump's options are not part of the program."""
+    lowered = program.jitted.lower(*args, **program.kwargs)
+    if not dump:
+        return (lowered.compile(compiler_options=options) if options else lowered.compile()), None
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="alodlm-plan-") as directory:
+        compiled = lowered.compile(compiler_options=dict(options, xla_dump_to=directory))
+        return compiled, launches.read_dump(directory)
 
 
 def _stacked_params(params_spec, cfg):

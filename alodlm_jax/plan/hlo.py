@@ -31,7 +31,7 @@ import functools
 import math
 import re
 
-__all__ = ["Cost", "Module", "parse", "step_cost", "program_cost", "count_fusions"]
+__all__ = ["Cost", "Module", "parse", "step_cost", "step_loop", "program_cost", "count_fusions"]
 
 _ITEMSIZE = {"pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1,
              "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "f8e4m3": 1, "f8e3m4": 1, "f8e4m3b11fnuz": 1,
@@ -88,16 +88,19 @@ class Computation:
 @dataclasses.dataclass(frozen=True)
 class Cost:
     """``kernels`` launched and ``bytes`` their operands and results move; ``unknown`` counts the
-    loops whose trip count could not be read (counted once)."""
+    loops whose trip count could not be read (counted once); ``flops``: the multiply-adds (times
+    two) of the matrix products (``dot`` in a fused computation or a cuBLAS call)."""
     kernels: int = 0
     bytes: int = 0
     unknown: int = 0
+    flops: int = 0
 
     def __add__(self, other: "Cost") -> "Cost":
-        return Cost(self.kernels + other.kernels, self.bytes + other.bytes, self.unknown + other.unknown)
+        return Cost(self.kernels + other.kernels, self.bytes + other.bytes,
+                    self.unknown + other.unknown, self.flops + other.flops)
 
     def times(self, n: int) -> "Cost":
-        return Cost(self.kernels * n, self.bytes * n, self.unknown * n)
+        return Cost(self.kernels * n, self.bytes * n, self.unknown * n, self.flops * n)
 
 
 def _split_operands(rest: str) -> tuple[tuple[str, ...], str]:
@@ -180,7 +183,24 @@ class Module:
                         if c in self.computations), Cost())
         if instr.opcode in _NOT_KERNELS:
             return Cost()
-        return Cost(kernels=1, bytes=self.kernel_bytes(computation, instr))
+        return Cost(kernels=1, bytes=self.kernel_bytes(computation, instr),
+                    flops=self.kernel_flops(computation, instr))
+
+    def kernel_flops(self, computation: Computation, instr: Instruction, depth: int = 0) -> int:
+        """Twice the multiply-adds of the matrix products a kernel runs: a ``dot`` (2 x its
+        result's elements x its contracted size), those of a fusion's computation (nested
+        fusions included), a cuBLAS ``custom-call`` from its dimension numbers."""
+        if instr.opcode == "dot":
+            return _dot_flops(computation, instr, r"lhs_contracting_dims=\{([^}]*)\}")
+        if instr.opcode == "custom-call" and "cublas" in instr.attrs:
+            return _dot_flops(computation, instr,
+                              r'"lhs_contracting_dimensions":\[([^\]]*)\]')
+        if instr.opcode == "fusion" and depth < 4:
+            callee = self.computations.get((self.callees(instr, "calls") or [""])[0])
+            if callee is not None:
+                return sum(self.kernel_flops(callee, i, depth + 1) for i in callee.instructions
+                           if i.opcode in ("dot", "fusion", "custom-call"))
+        return 0
 
     def kernel_bytes(self, computation: Computation, instr: Instruction) -> int:
         """Bytes a kernel reads and writes: its operands and results, except that an operand
@@ -320,6 +340,24 @@ def _written(computation: Computation) -> int:
     return total
 
 
+def _dot_flops(computation: Computation, instr: Instruction, contracting: str) -> int:
+    """2 x result elements x the product of the lhs's contracted dimensions (0 if unreadable)."""
+    match = re.search(contracting, instr.attrs)
+    lhs = computation.by_name.get(instr.operands[0]) if instr.operands else None
+    arrays = _ARRAY.findall(instr.type_text)
+    if match is None or lhs is None or not arrays:
+        return 0
+    lhs_arrays = _ARRAY.findall(lhs.type_text)
+    if not lhs_arrays:
+        return 0
+    lhs_dims = [int(d.replace("<=", "")) for d in lhs_arrays[0][1].split(",") if d.strip()]
+    out_dims = [int(d.replace("<=", "")) for d in arrays[0][1].split(",") if d.strip()]
+    dims = [int(d.strip().strip('"')) for d in match.group(1).split(",") if d.strip()]
+    if any(d >= len(lhs_dims) for d in dims):
+        return 0
+    return 2 * math.prod(out_dims) * math.prod(lhs_dims[d] for d in dims)
+
+
 def _constant_value(instr: Instruction) -> int | None:
     match = re.match(r"\s*(-?\d+)\s*$", instr.literal)
     return int(match.group(1)) if match else None
@@ -375,6 +413,12 @@ def step_cost(module: Module, depth: int = 1) -> Cost | None:
     """One iteration of the step loop: the heaviest loop of unknown trip count in the entry
     computation, ``depth - 1`` times descended into the heaviest such loop of its body. None if
     there is no such loop."""
+    loop = step_loop(module, depth)
+    return None if loop is None else module._loop_body(loop)
+
+
+def step_loop(module: Module, depth: int = 1) -> Instruction | None:
+    """The ``while`` instruction of :func:`step_cost`'s step loop (None if there is none)."""
     computation, loop = module.entry, None
     for _ in range(depth):
         loops = module.step_loops(computation)
@@ -382,7 +426,7 @@ def step_cost(module: Module, depth: int = 1) -> Cost | None:
             return None
         loop = loops[0]
         computation = module.computations[module.callees(loop, "body")[0]]
-    return module._loop_body(loop)
+    return loop
 
 
 def count_fusions(text: str) -> int:

@@ -5,7 +5,8 @@ this process has.
 
 * ``NAME.txtpb``: a GPU, as XLA:GPU's target description (``GpuTargetConfigProto`` text) written
   from the vendor's public specifications; the plan reads its ``device_memory_size`` (capacity)
-  and ``memory_bandwidth`` (bytes/s). Compiled with ``jax-cuda12-plugin`` and ``jax-cuda12-pjrt``
+  and ``memory_bandwidth`` (bytes/s), and from a comment line ``# matrix_flops_per_second: N`` the
+  dense bf16 matrix rate (the plan's FLOP floor). Compiled with ``jax-cuda12-plugin`` and ``jax-cuda12-pjrt``
   and the CUDA compiler (``ptxas``: ``nvidia-cuda-nvcc-cu12`` or a CUDA toolkit); no CUDA runtime
   libraries, no GPU.
 * ``NAME.json``: a TPU, by libtpu's topology name (``"topology"``), with its HBM per chip
@@ -45,6 +46,7 @@ class Target:
     description: str
     capacity_bytes: int | None = None
     bandwidth_bytes_per_second: float | None = None
+    matrix_flops_per_second: float | None = None  # dense bf16 matrix products (gpu)
     topology: str | None = None  # libtpu's topology name (tpu)
     target_config: str | None = None  # GpuTargetConfigProto text (gpu)
     source: str | None = None  # the data file
@@ -78,6 +80,7 @@ class Target:
         return {"name": self.name, "kind": self.kind, "description": self.description,
                 "capacity_bytes": self.capacity_bytes,
                 "bandwidth_bytes_per_second": self.bandwidth_bytes_per_second,
+                "matrix_flops_per_second": self.matrix_flops_per_second,
                 "topology": self.topology, "source": self.source}
 
 
@@ -106,8 +109,10 @@ def load_target(name: str) -> Target:
         memory, bandwidth = _field(text, "device_memory_size"), _field(text, "memory_bandwidth")
         if memory is None or bandwidth is None:
             raise ValueError(f"{gpu}: needs device_memory_size and memory_bandwidth in gpu_device_info")
+        rate = re.search(r"^#\s*matrix_flops_per_second:\s*([0-9.eE+]+)\s*$", text, re.M)
         return Target(name, "gpu", _field(text, "device_description_str") or name, int(memory),
-                      float(bandwidth), target_config=text, source=str(gpu))
+                      float(bandwidth), rate and float(rate.group(1)), target_config=text,
+                      source=str(gpu))
     if "/" not in name and tpu.is_file():
         try:
             data = json.loads(tpu.read_text())

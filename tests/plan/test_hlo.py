@@ -214,3 +214,9 @@ def test_a_pallas_kernel_is_charged_its_own_estimate_other_custom_calls_their_op
     # The kernel reads one depth of each request's cache, not the buffer it is handed.
     assert module.kernel_bytes(entry, entry.by_name["pallas"]) == 1048576
     assert module.kernel_bytes(entry, entry.by_name["other"]) == q + cache + q
+
+
+def test_a_step_counts_the_flops_of_its_products_as_often_as_they_run():
+    step = hlo.step_cost(hlo.parse(MODULE))
+    assert step.flops == 28 * 2 * 8 * 1024 * 1024  # the layer loop's fused dot, 28 times
+    assert hlo.step_loop(hlo.parse(MODULE)).name == "steps"

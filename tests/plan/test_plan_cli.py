@@ -177,3 +177,25 @@ def test_the_gpu_batch_program_attends_in_the_triton_kernel(tmp_path):
     assert result["shapes"] == "fixed-kernel"
     # Per-layer weights on a GPU: one kernel call per layer.
     assert result["triton"] == result["layers"] and result["tpu"] == 0
+
+
+@pytest.mark.skipif(not (HAVE_GPU or GPU_CHILD),
+                    reason="needs the aot extra (jax-cuda12-plugin, -pjrt, ptxas)")
+def test_the_gpu_batch_step_runs_in_command_buffers_with_graphs(tmp_path, capsys):
+    steps = {}
+    for choice in ("graphs", "engine"):
+        status, record, out = _run_gpu(tmp_path, capsys, "--target", "h200", "--batch_size", "2",
+                                       "--programs", "batch", "--command_buffers", choice)
+        assert status == 0
+        (steps[choice],) = record["programs"]
+        assert ("WHILE" in str(record["xla_options"])) == (choice == "graphs")
+    graphs, xla = steps["graphs"], steps["engine"]  # the engine compiles with XLA's defaults
+    # Loops and branches in graphs: the loop of steps, its branches and loops in one command buffer.
+    assert graphs["step_in_command_buffer"] is True
+    assert graphs["kernels_outside_command_buffers"] == graphs["host_syncs"] == 0
+    assert graphs["kernels_in_command_buffers"] > 0
+    # XLA's defaults: the host reads the step loop's predicate and the branch indices back.
+    assert xla["step_in_command_buffer"] is False
+    assert xla["kernels_outside_command_buffers"] > 0 and xla["host_syncs"] >= 2
+    assert 0 < graphs["predicted_step_seconds"] < xla["predicted_step_seconds"]
+    assert graphs["flops_per_step"] == xla["flops_per_step"] > 0
