@@ -45,6 +45,7 @@ import jax
 
 from alodlm_jax.params import per_layer_weights
 from alodlm_jax.plan import fit, hlo, launches
+from alodlm_jax.plan.fit import tree_bytes
 from alodlm_jax.plan.programs import PlannedProgram, evaluate_programs, place
 
 __all__ = ["plan", "floor_bytes", "tree_bytes", "PROGRAM_KEYS"]
@@ -52,16 +53,6 @@ __all__ = ["plan", "floor_bytes", "tree_bytes", "PROGRAM_KEYS"]
 PROGRAM_KEYS = ("name", "compile_seconds", "program_bytes", "argument_bytes", "temp_bytes",
                 "device_memory_bytes", "capacity_bytes", "fits", "bytes_per_step",
                 "floor_bytes_per_step", "kernels_per_step")
-
-
-def tree_bytes(tree) -> int:
-    """Bytes of ``tree``'s arrays on one device (a sharded array: its shard)."""
-    def one(x):
-        sharding = getattr(x, "sharding", None)
-        shape = sharding.shard_shape(x.shape) if sharding is not None else x.shape
-        return math.prod(shape) * jax.numpy.dtype(x.dtype).itemsize
-
-    return int(sum(one(x) for x in jax.tree_util.tree_leaves(tree)))
 
 
 def floor_bytes(cfg, params_spec, bucket, batch: int, *, prelude: bool = True) -> int:

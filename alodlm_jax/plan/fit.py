@@ -19,9 +19,12 @@ figure errs high by their growth between the planned batch and the largest.
 
 from __future__ import annotations
 
+import math
 import os
 
-__all__ = ["DoesNotFit", "usable_memory", "argument_bytes", "per_request", "check",
+import jax
+
+__all__ = ["DoesNotFit", "tree_bytes", "usable_memory", "argument_bytes", "per_request", "check",
            "largest_batch", "GPU_CLIENT_FRACTION"]
 
 # What JAX's CUDA client gives its allocator when XLA_CLIENT_MEM_FRACTION (or the older
@@ -33,6 +36,15 @@ class DoesNotFit(ValueError):
     """A plan whose programs' arguments alone exceed the device's usable memory (the message is
     the command's one-line error)."""
 
+
+def tree_bytes(tree) -> int:
+    """Bytes of ``tree``'s arrays on one device (a sharded array: its shard)."""
+    def one(x):
+        sharding = getattr(x, "sharding", None)
+        shape = sharding.shard_shape(x.shape) if sharding is not None else x.shape
+        return math.prod(shape) * jax.numpy.dtype(x.dtype).itemsize
+
+    return int(sum(one(x) for x in jax.tree_util.tree_leaves(tree)))
 
 def _gb(value: int) -> str:
     return f"{value / 1e9:.2f} GB" if abs(value) >= 1e9 else f"{value / 1e6:.2f} MB"
@@ -70,7 +82,6 @@ def argument_bytes(program) -> dict[str, int]:
     """Bytes of one device's share of ``program``'s arguments (a
     :class:`~alodlm_jax.plan.programs.PlannedProgram`): ``weights``, ``cache``, ``other`` (the
     requests' state, the prompt, constants) and ``total``."""
-    from alodlm_jax.plan.compile import tree_bytes
 
     weights = sum(tree_bytes(program.args[i]) for i in program.weight_args)
     cache = sum(tree_bytes(program.args[i]) for i in program.cache_args)
