@@ -1,5 +1,7 @@
 """The ALoDLM network as pure functions over the params pytree (MODEL_AND_DECODING.md §2, §3, §5, §8).
 
+The layers' attention forms are in :mod:`alodlm_jax.attention`.
+
 Every function takes the params pytree as an argument (never closes over it), so callers jit them
 with params as ordinary inputs. ``cfg`` (an ``alodlm_convert.config.ModelConfig``, a hashable frozen
 dataclass) only supplies static scalars; layer shapes come from the arrays themselves.
@@ -61,6 +63,7 @@ import numpy as np
 from flax import struct
 from jax.custom_batching import custom_vmap
 
+from alodlm_jax import attention as A
 from alodlm_jax import rows as R
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -68,7 +71,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 Params = dict[str, Any]
 _HIGHEST = jax.lax.Precision.HIGHEST
-_NEG_INF = -1e30  # finite "minus infinity" for masked scores: exp underflows to exactly 0
 
 
 @struct.dataclass
@@ -138,71 +140,6 @@ def _apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     return x * cos[:, None, :] + rotated * sin[:, None, :]
-
-
-def _attend(q: jax.Array, k_buf: jax.Array, v_buf: jax.Array, start: jax.Array) -> jax.Array:
-    """GQA over a whole buffer; query row ``a`` sees slots ``j <= start + a``.
-
-    q ``[T, n_q, d_h]``, k_buf/v_buf ``[S, n_kv, d_h]`` -> ``[T, n_q, d_h]`` in q's dtype.
-
-    The queries of one KV head are stacked into ``group * T`` rows (``[n_kv, group*T, d_h]``), so
-    both products are batched matrix products with the KV head as the leading batch axis; XLA:CPU
-    runs that about twice as fast as the ``[n_kv, group, T, S]`` form.
-    """
-    qg, rows = _group_queries(q, k_buf.shape[1])
-    scores = _scores(qg, k_buf)
-    slots = jnp.arange(k_buf.shape[0], dtype=jnp.int32)
-    visible = slots[None, :] <= start + rows[:, None]  # [group*T, S]
-    scores = jnp.where(visible[None], scores, _NEG_INF)
-    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)  # masked slots: exp underflows to 0
-    return _ungroup(_values(probs, _seen_values(v_buf, start + q.shape[0])), q)
-
-
-def _seen_values(v: jax.Array, limit) -> jax.Array:
-    """``v [S, n_kv, d_h]`` with slots ``>= limit`` zeroed: the slots no row sees.
-
-    Their probabilities are exact zeros, but ``0 * inf`` or ``0 * nan`` is NaN, so a slot that no
-    row sees could otherwise still reach the output: a slot a continuous batch reuses holds
-    whatever its previous request (or nothing) wrote there. With its values zeroed, a request's
-    outputs depend only on the slots it wrote and sees (finite values give the same sums)."""
-    seen = jnp.arange(v.shape[0], dtype=jnp.int32) < limit
-    return jnp.where(seen[:, None, None], v, jnp.zeros((), v.dtype))
-
-
-def _group_queries(q: jax.Array, n_kv: int) -> tuple[jax.Array, jax.Array]:
-    """q ``[T, n_q, d_h]`` -> ``([n_kv, group*T, d_h], row [group*T])``: stacked row ``g*T + a``
-    is query row ``a`` of the ``g``-th query head of a KV head."""
-    t, n_q, d_h = q.shape
-    group = n_q // n_kv
-    qg = q.reshape(t, n_kv, group, d_h).transpose(1, 2, 0, 3).reshape(n_kv, group * t, d_h)
-    return qg, jnp.tile(jnp.arange(t, dtype=jnp.int32), group)
-
-
-def _ungroup(out: jax.Array, q: jax.Array) -> jax.Array:
-    """fp32 ``[n_kv, group*T, d_h]`` attention output -> ``[T, n_q, d_h]`` in q's dtype."""
-    t, n_q, d_h = q.shape
-    n_kv = out.shape[0]
-    return out.astype(q.dtype).reshape(n_kv, n_q // n_kv, t, d_h).transpose(2, 0, 1, 3).reshape(t, n_q, d_h)
-
-
-def _scores(qg: jax.Array, k: jax.Array) -> jax.Array:
-    """Scaled fp32 scores ``[n_kv, group*T, S]`` of grouped queries against keys ``[S, n_kv, d_h]``."""
-    scores = jnp.einsum("kqd,skd->kqs", qg, k, precision=_HIGHEST, preferred_element_type=jnp.float32)
-    return scores * jnp.float32(qg.shape[-1] ** -0.5)
-
-
-def _values(probs: jax.Array, v: jax.Array) -> jax.Array:
-    """fp32 ``probs [n_kv, group*T, S] x v [S, n_kv, d_h]`` -> ``[n_kv, group*T, d_h]``."""
-    return jnp.einsum("kqs,skd->kqd", probs, v, precision=_HIGHEST, preferred_element_type=jnp.float32)
-
-
-def _first_slots(buf: jax.Array, index: tuple, size: int) -> jax.Array:
-    """``buf[index][:size]`` (``index``: int32 leading indices) -> ``[size, n_kv, d_h]``."""
-    zero = jnp.int32(0)
-    tail = buf.shape[len(index) + 1:]
-    shape = (size,) + tail
-    return jax.lax.dynamic_slice(buf, index + (zero,) * (1 + len(tail)),
-                                 (1,) * len(index) + shape).reshape(shape)
 
 
 def _on_kv_bucket(slots: int, kv_bucket, attend, *operands):
@@ -279,8 +216,8 @@ def _layer(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax.Array,
         slots = min(kv_len, slots)
 
     def attend_first(size, q, k_all, v_all):
-        k_buf = _first_slots(k_all, index, size).astype(q.dtype)
-        return _attend(q, k_buf, _first_slots(v_all, index, size).astype(q.dtype), start)
+        k_buf = A.first_slots(k_all, index, size).astype(q.dtype)
+        return A.attend(q, k_buf, A.first_slots(v_all, index, size).astype(q.dtype), start)
 
     attn = _on_kv_bucket(slots, kv_bucket, attend_first, q, k_all, v_all)
     return _attention_out_and_mlp(lp, eps, h, attn), k_all, v_all
@@ -389,47 +326,6 @@ def run_stack(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Array,
 # Window forwards with deferred cache writes (the decode loop's hot path)
 
 
-def _attend_window(q: jax.Array, k_pre: jax.Array, v_pre: jax.Array, start: jax.Array,
-                   k_win: jax.Array, v_win: jax.Array) -> jax.Array:
-    """Window attention with the window's own K/V passed beside the cache.
-
-    q/k_win/v_win ``[T, n, d_h]`` are the window's rows; k_pre/v_pre ``[S, n_kv, d_h]`` the cache,
-    of which slots ``< start`` (the prefix) are visible to every row. Row ``a`` also sees window rows
-    ``<= a`` (causal in packed order). This is :func:`_attend` over a buffer holding the window at
-    slots ``start..start+T`` (the same visible set, one softmax over it), with the prefix and the
-    window as two blocks of each score row.
-    """
-    qg, rows = _group_queries(q, k_pre.shape[1])
-    prefix_visible = jnp.arange(k_pre.shape[0], dtype=jnp.int32) < start
-    window_visible = jnp.arange(q.shape[0], dtype=jnp.int32)[None, :] <= rows[:, None]
-    s_pre = jnp.where(prefix_visible[None, None, :], _scores(qg, k_pre), _NEG_INF)
-    s_win = jnp.where(window_visible[None], _scores(qg, k_win), _NEG_INF)
-    probs = jax.nn.softmax(jnp.concatenate([s_pre, s_win], axis=-1), axis=-1).astype(q.dtype)
-    split = k_pre.shape[0]
-    return _ungroup(_values(probs[..., :split], _seen_values(v_pre, start))
-                    + _values(probs[..., split:], v_win), q)
-
-
-def _attend_in_copy(q, k, v, k_buf, v_buf, start, depth, *, layer, size: int) -> jax.Array:
-    """One request's window attention (:func:`_attend_window`'s visible set) for the
-    :data:`~alodlm_jax.rows.FIXED` batch step: the request's ``size`` cache slots at ``layer`` (and
-    ``depth``) are read into a copy, the window's K/V written into it at ``start``, and the rows
-    attend over that one buffer (:func:`_attend`: row ``a`` sees slots ``<= start + a``).
-
-    The same softmax over the same scores as the two blocks of :func:`_attend_window`, in another
-    order (one block of ``size`` slots): results equal to rounding. The per-request read of a batch
-    cache at each request's own depth is a copy in any case (a gather); writing the window into it
-    saves the scores' concatenation and the slices of the probabilities (measured, the 1.7B's
-    2-layer batch-8 step for an H200: 3.49 GB per step to 2.93 GB)."""
-    index = (layer,) if depth is None else (layer, depth)
-    zero = jnp.int32(0)
-    k_pre = jax.lax.dynamic_update_slice(_first_slots(k_buf, index, size).astype(q.dtype),
-                                         k.astype(q.dtype), (start, zero, zero))
-    v_pre = jax.lax.dynamic_update_slice(_first_slots(v_buf, index, size).astype(q.dtype),
-                                         v.astype(q.dtype), (start, zero, zero))
-    return _attend(q, k_pre, v_pre, start)
-
-
 def _window_layer(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax.Array,
                   k_all: jax.Array, v_all: jax.Array, index: tuple, start: jax.Array,
                   kv_bucket: jax.Array | None):
@@ -437,7 +333,8 @@ def _window_layer(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax
 
     Returns ``(h, k, v)`` with the rows' K/V ``[T, n_kv, d_h]`` in the cache dtype; the caller stores
     them (:func:`store_window`). Attention: prefix slots ``< start`` of the buffer at ``index`` (its
-    first ``kv_buckets(...)[kv_bucket]`` slots) plus the window's own rows, see :func:`_attend_window`.
+    first ``kv_buckets(...)[kv_bucket]`` slots) plus the window's own rows, see
+    :func:`~alodlm_jax.attention.attend_window`.
     """
     q, k, v = _qkv(lp, eps, h, cos, sin)
     k = k.astype(k_all.dtype)
@@ -445,9 +342,9 @@ def _window_layer(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax
     index = tuple(jnp.asarray(i, jnp.int32) for i in index)
 
     def attend_first(size, q, k, v, k_all, v_all):
-        k_pre = _first_slots(k_all, index, size).astype(q.dtype)
-        v_pre = _first_slots(v_all, index, size).astype(q.dtype)
-        return _attend_window(q, k_pre, v_pre, start, k.astype(q.dtype), v.astype(q.dtype))
+        k_pre = A.first_slots(k_all, index, size).astype(q.dtype)
+        v_pre = A.first_slots(v_all, index, size).astype(q.dtype)
+        return A.attend_window(q, k_pre, v_pre, start, k.astype(q.dtype), v.astype(q.dtype))
 
     attn = _on_kv_bucket(k_all.shape[len(index)], kv_bucket, attend_first, q, k, v, k_all, v_all)
     return _attention_out_and_mlp(lp, eps, h, attn), k, v
@@ -522,7 +419,7 @@ def _window_layer_rows(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin
     :class:`~alodlm_jax.rows.RowMap`: each lane's queries attend over its request's prefix (read
     from the batch's buffers at that request's index and depth) and window rows exactly as
     :func:`_window_layer` does. ``kernel`` (in-order lanes only): the lanes attend in the
-    platform's Pallas kernel instead (:func:`_kernel_attention`)."""
+    platform's Pallas kernel instead (:func:`~alodlm_jax.attention.kernel_attention`)."""
     q, k, v = _qkv(lp, eps, h, cos, sin)
     k = k.astype(k_all.dtype)
     v = v.astype(v_all.dtype)
@@ -534,16 +431,16 @@ def _window_layer_rows(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin
         if m.in_order and kernel:
             # A lane without rows (an idle or finished slot) reads no prefix: its output is
             # dropped (from_lanes), and the kernel reads only the blocks below start.
-            return _kernel_attention(q, k, v, k_all, v_all, layer, depth,
+            return A.kernel_attention(q, k, v, k_all, v_all, layer, depth,
                                      jnp.where(m.lane_valid, start, 0), size=size)
         if m.in_order:  # FIXED: lane b is request b, and reads its own entry of the batch axis
-            return _attend_in_order(q, k, v, k_all, v_all, layer, depth, start, size=size)
+            return A.attend_in_order(q, k, v, k_all, v_all, layer, depth, start, size=size)
 
         def one(q, k, v, b, start, depth):
             index = (b, layer) if depth is None else (b, layer, depth)
-            k_pre = _first_slots(k_all, index, size).astype(q.dtype)
-            v_pre = _first_slots(v_all, index, size).astype(q.dtype)
-            return _attend_window(q, k_pre, v_pre, start, k.astype(q.dtype), v.astype(q.dtype))
+            k_pre = A.first_slots(k_all, index, size).astype(q.dtype)
+            v_pre = A.first_slots(v_all, index, size).astype(q.dtype)
+            return A.attend_window(q, k_pre, v_pre, start, k.astype(q.dtype), v.astype(q.dtype))
 
         lane_depth = None if depth is None else depth[lane]
         return jax.vmap(one, in_axes=(0, 0, 0, 0, 0, depth_axis))(
@@ -556,40 +453,6 @@ def _window_layer_rows(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin
             R.from_rows(v, m, rows))
 
 
-def _attend_in_order(q, k, v, k_all, v_all, layer, depth, start, *, size: int):
-    """In-order lanes (lane ``b`` is request ``b``) attending in XLA: :func:`_attend_in_copy` of
-    each request's ``size`` slots at ``layer`` and its ``depth``."""
-    # The copies of the prefixes depend only on the cache: without the barrier XLA:GPU made every
-    # layer's ahead of the layers, all alive at once (the 8B's batch-32 step for an H200: 31.6 GB
-    # of temporaries, 14.7 GB with it).
-    q, k_all, v_all = jax.lax.optimization_barrier((q, k_all, v_all))
-    in_copy = functools.partial(_attend_in_copy, layer=layer, size=size)
-    return jax.vmap(in_copy, in_axes=(0, 0, 0, 0, 0, 0, None if depth is None else 0))(
-        q, k, v, k_all, v_all, start, depth)
-
-
-def _kernel_attention(q, k, v, k_all, v_all, layer, depth, start, *, size: int):
-    """:func:`_attend_in_order` by :mod:`alodlm_jax.window_kernel`, chosen by the platform the
-    program is lowered for: the Mosaic kernel on a TPU, the Triton one on an NVIDIA GPU (each
-    where it supports the shapes), the TPU's in Pallas's interpreter on the CPU (tests), and
-    :func:`_attend_in_order` itself elsewhere."""
-    from alodlm_jax import window_kernel as WK
-
-    def xla(*operands):
-        return _attend_in_order(*operands, size=size)
-
-    def on(backend, interpret=False):
-        shape = dict(slots=k_all.shape[-3], n_kv=k.shape[-2], head_dim=k.shape[-1],
-                     rows=q.shape[1], group=q.shape[2] // k.shape[2], dtype=k_all.dtype)
-        if interpret or WK.supported(backend, **shape):
-            return functools.partial(WK.window_attention, backend=backend, interpret=interpret)
-        return xla
-
-    return jax.lax.platform_dependent(q, k, v, k_all, v_all, layer, depth, start,
-                                      tpu=on("tpu"), cuda=on("gpu"),
-                                      cpu=on("tpu", interpret=True), default=xla)
-
-
 def run_window_rows(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Array, m: R.RowMap,
                     k_all: jax.Array, v_all: jax.Array, start: jax.Array, depth=None, *,
                     prefix_limit, rows: int, bucketed: bool = True, kernel: bool = False):
@@ -600,8 +463,9 @@ def run_window_rows(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Arra
     one attention bucket limit shared by the batch (not ``bucketed``: the whole buffers). Returns
     ``(h [R, H], k_new, v_new)`` with ``k_new``/``v_new`` ``[B, L, rows, n_kv, d_h]`` for
     :func:`store_window` per request. Reads the cache only, like :func:`run_window_stack`. With
-    in-order lanes (:data:`~alodlm_jax.rows.FIXED`) each lane attends as :func:`_attend_in_copy`
-    does; ``kernel`` (:data:`~alodlm_jax.rows.KERNEL`): in :mod:`alodlm_jax.window_kernel`.
+    in-order lanes (:data:`~alodlm_jax.rows.FIXED`) each lane attends as
+    :func:`~alodlm_jax.attention.attend_in_copy` does; ``kernel`` (:data:`~alodlm_jax.rows.KERNEL`):
+    in :mod:`alodlm_jax.window_kernel`.
     """
     n = _num_layers(stack)
     batch = k_all.shape[0]

@@ -1,6 +1,6 @@
 """The batch step's window attention as a Pallas kernel reading each request's K/V in place.
 
-:func:`window_attention` computes what ``jax.vmap(model._attend_in_copy)`` computes for the
+:func:`window_attention` computes what ``jax.vmap(attention.attend_in_copy)`` computes for the
 in-order lanes of the :data:`~alodlm_jax.rows.FIXED` batch step: request ``b``'s queries (its
 window rows) attend over its prefix, cache slots ``< start[b]`` of layer ``layer`` at depth
 ``depth[b]`` of the batch's buffers, and over its own window's K/V, row ``a`` seeing window rows
@@ -21,7 +21,7 @@ online softmax:
   depth.
 
 Numerics: scores, the running maximum and sums and the output accumulation in fp32, products of
-fp32 operands at ``Precision.HIGHEST``, as :func:`alodlm_jax.model._attend` does; the
+fp32 operands at ``Precision.HIGHEST``, as :func:`alodlm_jax.attention.attend` does; the
 unnormalized probabilities are cast to the value dtype before their product with V (the XLA form
 casts the normalized ones) and the sum is taken in another order, so in fp32 the two agree to
 rounding (tested) and in bf16 to bf16's resolution.
@@ -39,7 +39,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltr
 
-_NEG_INF = -1e30  # as model._NEG_INF: masked scores' exp underflows to exactly 0
+_NEG_INF = -1e30  # as attention's _NEG_INF: masked scores' exp underflows to exactly 0
 GPU_BLOCK_SLOTS = 64  # cache slots per tile of the GPU kernel's loop (the FIXED cache: multiples)
 
 
@@ -111,7 +111,7 @@ def _scores(q, k, mask):
 def _seen(v, seen):
     """A block's values ``[n, d_h]`` zeroed in the slots past the prefix (``seen`` ``[n, 1]``):
     their probabilities are zeros, but a slot left from another request may hold inf or NaN
-    (``0 * inf`` is NaN; :func:`alodlm_jax.model._seen_values`)."""
+    (``0 * inf`` is NaN; as in :mod:`alodlm_jax.attention`)."""
     return jnp.where(seen, v, jnp.zeros((), v.dtype))
 
 
@@ -192,7 +192,7 @@ def window_attention(q, k, v, k_all, v_all, layer, depth, start, *, backend: str
     q ``[B, W, n_q, d_h]`` (the lanes' queries), k/v ``[B, W, n_kv, d_h]`` (the window's K/V),
     k_all/v_all ``[B, L, K, S, n_kv, d_h]`` (core) or ``[B, L, S, n_kv, d_h]``, ``layer`` an int32
     scalar, ``depth`` int32 ``[B]`` (None without a depth axis), ``start`` int32 ``[B]``. Returns
-    ``[B, W, n_q, d_h]`` in q's dtype: ``jax.vmap(model._attend_in_copy)`` of the same (module
+    ``[B, W, n_q, d_h]`` in q's dtype: ``jax.vmap(attention.attend_in_copy)`` of the same (module
     docstring). ``backend``: ``"tpu"`` (Mosaic) or ``"gpu"`` (Triton); ``interpret``: run it in
     Pallas's interpreter (any platform)."""
     batch, rows, n_q, d_h = q.shape

@@ -394,6 +394,7 @@ def layer_costs(name: str, batch: int, slots: int, args) -> dict:
     import jax
     import jax.numpy as jnp
 
+    from alodlm_jax import attention as A
     from alodlm_jax import model as M
     from alodlm_jax import rows as R
     from alodlm_jax.params import load_model
@@ -422,7 +423,7 @@ def layer_costs(name: str, batch: int, slots: int, args) -> dict:
         "layer": (layer, (lp, spec((packed, hidden)), i32(packed), i32(batch), cache, cache,
                           i32(batch), i32(batch))),
         "projections": (qkv, (lp, spec((packed, hidden)), i32(packed))),
-        "attention": (jax.vmap(M._attend_window), (
+        "attention": (jax.vmap(A.attend_window), (
             spec((batch, rows, heads, dh)), spec((batch, slots, nkv, dh)),
             spec((batch, slots, nkv, dh)), i32(batch), spec((batch, rows, nkv, dh)),
             spec((batch, rows, nkv, dh)))),

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from alodlm_jax import model as M
+from alodlm_jax import attention as A
 from alodlm_jax import window_kernel as WK
 from alodlm_jax.plan import targets
 
@@ -35,7 +35,7 @@ def _operands(dtype, *, batch=3, rows=8, n_q=4, n_kv=2, d_h=128, layers=2, depth
 
 
 def _in_copy(q, k, v, k_all, v_all, layer, depth, start):
-    one = functools.partial(M._attend_in_copy, layer=jnp.int32(layer), size=k_all.shape[-3])
+    one = functools.partial(A.attend_in_copy, layer=jnp.int32(layer), size=k_all.shape[-3])
     return jax.vmap(one, in_axes=(0, 0, 0, 0, 0, 0, None if depth is None else 0))(
         q, k, v, k_all, v_all, start, depth)
 
