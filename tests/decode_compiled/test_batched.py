@@ -33,6 +33,14 @@ def _exact(out) -> dict:
     return obs
 
 
+def _assert_same(wanted, got) -> None:
+    """Each of ``got`` decoded as ``wanted``: exact but for the hazards' rounding (docstring)."""
+    for want, out in zip(wanted, got, strict=True):
+        assert _exact(out) == _exact(want)
+        np.testing.assert_allclose(out.first_pass_halt_probabilities,
+                                   want.first_pass_halt_probabilities, rtol=0, atol=1e-6)
+
+
 def _engine(checkpoints, batch_size: int, mode: str = "entropy"):
     cfg, params = checkpoints.get("sandwich", 1, 24.0)
     decode = DecodeConfig(q=0.5, tau=2.5, window_size=4, max_new_tokens=24, mode=mode)
@@ -53,10 +61,7 @@ def test_batch_equals_single_requests(checkpoints):
     assert len(batched) == len(PROMPTS)
     assert {s.stop_reason for s in singles} == {"eos", "length"}
     assert len({len(s.token_ids) for s in singles}) > 1
-    for alone, together in zip(singles, batched):
-        assert _exact(together) == _exact(alone)
-        np.testing.assert_allclose(together.first_pass_halt_probabilities,
-                                   alone.first_pass_halt_probabilities, rtol=0, atol=1e-6)
+    _assert_same(singles, batched)
     # Windows are not synchronized across requests: each step runs one pass of every live request,
     # so a request is live for exactly its own passes (no step waits for a slower window).
     assert engine.last_live_steps == {i: s.recurrent_passes for i, s in enumerate(singles)}
@@ -109,10 +114,7 @@ def test_every_batch_size_and_mode_equals_single_requests(checkpoints, batch_siz
     engine = _engine(checkpoints, batch_size=batch_size, mode=mode)
     singles = [engine.generate(p) for p in PROMPTS]
     batched = engine.generate_batch(PROMPTS)
-    for alone, together in zip(singles, batched):
-        assert _exact(together) == _exact(alone)
-        np.testing.assert_allclose(together.first_pass_halt_probabilities,
-                                   alone.first_pass_halt_probabilities, rtol=0, atol=1e-6)
+    _assert_same(singles, batched)
     assert engine.last_live_steps == {i: s.recurrent_passes for i, s in enumerate(singles)}
 
 
@@ -130,10 +132,7 @@ def test_fixed_shapes_equal_bucketed(checkpoints, mode):
     reference = [bucketed.generate(p) for p in PROMPTS]
     alone = [fixed.generate(p) for p in PROMPTS[:2]]
     together = fixed.generate_batch(PROMPTS)
-    for want, got in zip(reference[:2] + reference, alone + together):
-        assert _exact(got) == _exact(want)
-        np.testing.assert_allclose(got.first_pass_halt_probabilities,
-                                   want.first_pass_halt_probabilities, rtol=0, atol=1e-6)
+    _assert_same(reference[:2] + reference, alone + together)
     assert fixed.last_live_steps == {i: s.recurrent_passes for i, s in enumerate(reference)}
     with pytest.raises(ValueError, match="shapes must be one of"):
         CompiledEngine(cfg, params, decode, [2], shapes="ragged")
@@ -148,10 +147,7 @@ def test_kernel_attention_equals_bucketed(checkpoints):
     kernel = CompiledEngine(cfg, params, decode, [2, 23], batch_size=3, measure_prefill=False,
                             shapes="fixed-kernel")
     reference = [bucketed.generate(p) for p in PROMPTS]
-    for want, got in zip(reference, kernel.generate_batch(PROMPTS)):
-        assert _exact(got) == _exact(want)
-        np.testing.assert_allclose(got.first_pass_halt_probabilities,
-                                   want.first_pass_halt_probabilities, rtol=0, atol=1e-6)
+    _assert_same(reference, kernel.generate_batch(PROMPTS))
     assert kernel.last_live_steps == {i: s.recurrent_passes for i, s in enumerate(reference)}
 
 
@@ -186,7 +182,4 @@ def test_slots_a_request_does_not_see_change_nothing(checkpoints, shapes, value)
                                      measure_prefill=False, shapes=shapes), value)
     alone = [dirty.generate(p) for p in PROMPTS[:2]]
     together = dirty.generate_batch(PROMPTS)
-    for want, got in zip(reference[:2] + reference, alone + together):
-        assert _exact(got) == _exact(want)
-        np.testing.assert_allclose(got.first_pass_halt_probabilities,
-                                   want.first_pass_halt_probabilities, rtol=0, atol=1e-6)
+    _assert_same(reference[:2] + reference, alone + together)
