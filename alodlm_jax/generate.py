@@ -328,7 +328,7 @@ class Generator:
         fields["device_kind"] = self._jax_device.device_kind
         fields["compile_seconds"] = self.compile_seconds
         options = getattr(self.engine, "compiler_options", None)
-        if options:  # the XLA options the programs were compiled with (command buffers on a GPU)
+        if options:  # the XLA options the programs were compiled with, where not XLA's defaults
             fields["xla_options"] = dict(options)
         return fields
 

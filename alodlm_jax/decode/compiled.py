@@ -141,7 +141,7 @@ class CompiledEngine:
         self.layout = layout
         platform = _platform(params, layout)
         self.shapes = shapes or R.shapes_for(platform, layout.data * layout.model)
-        # XLA options of every program (programs.compiler_options: command buffers on a GPU).
+        # XLA options of every program (programs.compiler_options: XLA's defaults).
         self.compiler_options = compiler_options(platform)
         enable_persistent_cache(compilation_cache_dir)
         self.cfg = cfg
