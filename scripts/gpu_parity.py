@@ -216,6 +216,9 @@ def diagnose(args, failed) -> None:
            else args.shapes)
     variants = [(f"shapes {shapes}", ["--shapes", shapes], {}) for shapes in R.SHAPES
                 if shapes != own]
+    if args.device != "cpu":  # this JAX's CPU with the device's shapes: the JAX or the device?
+        variants.insert(0, ("the CPU on both sides, the device's shapes", [
+            "--device", "cpu", "--shapes", own if own != R.KERNEL else R.FIXED], {}))
     swapped = sorted({SWAPPED_MODES[i] for i, _ in failed if i in SWAPPED_MODES})
     if swapped:
         listed = ",".join(str(i) for i in swapped)
