@@ -21,10 +21,15 @@ def test_gpu_check_tiny_runs_on_cpu():
     assert done.stdout.count("same tokens portable/compiled: True") == 4
     # The batch sweep: both sizes on both shapes, each with XLA's step analysis and equal tokens.
     assert done.stdout.count("same tokens: True") == 4
-    assert done.stdout.count("batch   3:") == 2 and "GB moved (floor" in done.stdout
-    # The plan of each batch program beside it: planned memory, the measured peak, the limit.
-    assert done.stdout.count("GB planned, peak in use") == 4
-    assert done.stdout.count("of an allocator limit of") == 4
+    assert done.stdout.count("\n  batch   3:") == 2 and "GB moved (floor" in done.stdout
+    # The plan of each program measured beside it (the single-request program and both batch
+    # sizes, both shapes): the predicted step against the measured one, planned memory, the
+    # measured peak, the allocator's limit.
+    assert done.stdout.count("\n  plan single   1: predicted") == 2
+    assert done.stdout.count("\n  plan  batch   3: predicted") == 2
+    assert done.stdout.count("measured/predicted") == 6
+    assert done.stdout.count("GB planned, peak in use") == 6
+    assert done.stdout.count("of an allocator limit of") == 6
 
 
 @pytest.mark.slow
