@@ -22,9 +22,9 @@ is on (the commands' default), a program compiled again after an eviction is rea
 :func:`enable_persistent_cache` turns that on-disk cache on (the commands do by default, see
 ``alodlm_jax.cli.flags.define_compilation_flags``).
 
-Every program is compiled with :func:`compiler_options` (XLA's defaults); :func:`compiler_options` with ``graphs`` also puts XLA:GPU's loops and branches whose
-predicate lives on the device (``WHILE``, ``CONDITIONAL``) into command buffers (CUDA graphs),
-which the plan measures (``alodlm-jax-plan --command_buffers graphs``) but the engine does not
+Every program is compiled with :func:`compiler_options` (XLA's defaults); with ``graphs`` it also
+puts XLA:GPU's loops and branches whose predicate lives on the device (``WHILE``,
+``CONDITIONAL``) into command buffers (CUDA graphs), which the plan measures (``alodlm-jax-plan --command_buffers graphs``) but the engine does not
 use: by the plan's count it removes the few launches and host reads a step has left and costs
 the 8B's batch programs every graph (``docs/plan.md``).
 """
@@ -49,8 +49,8 @@ _COMMAND_BUFFER_FLAG = "xla_gpu_enable_command_buffer"
 
 def compiler_options(platform: str, *, graphs: bool = False) -> dict[str, str]:
     """The XLA options the programs are compiled with on ``platform`` (``compile(compiler_options=
-    ...)``; a run's protocol records them as ``xla_options`` where there are any). The engine compiles with XLA's defaults
-    (``{}``): with them a pass or a step is already almost all in command buffers, and the plan
+    ...)``; a run's protocol records them as ``xla_options`` where there are any). The engine
+    compiles with XLA's defaults (``{}``): with them a pass or a step is already almost all in command buffers, and the plan
     predicts the 8B's batch steps slower with loops and branches in graphs (``docs/plan.md``).
     ``graphs``: on a GPU, command buffers of :data:`GPU_COMMAND_TYPES` (loops and branches
     included), unless the environment's ``XLA_FLAGS`` sets ``--xla_gpu_enable_command_buffer``
