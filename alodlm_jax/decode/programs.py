@@ -24,9 +24,10 @@ is on (the commands' default), a program compiled again after an eviction is rea
 
 Every program is compiled with :func:`compiler_options` (XLA's defaults); with ``graphs`` it also
 puts XLA:GPU's loops and branches whose predicate lives on the device (``WHILE``,
-``CONDITIONAL``) into command buffers (CUDA graphs), which the plan measures (``alodlm-jax-plan --command_buffers graphs``) but the engine does not
-use: by the plan's count it removes the few launches and host reads a step has left and costs
-the 8B's batch programs every graph (``docs/plan.md``).
+``CONDITIONAL``) into command buffers (CUDA graphs), which the plan measures
+(``alodlm-jax-plan --command_buffers graphs``) but the engine does not use: by the plan's count
+it removes the few launches and host reads a step has left and costs the 8B's batch programs
+every graph (``docs/plan.md``).
 """
 
 from __future__ import annotations
