@@ -45,10 +45,9 @@ import jax
 
 from alodlm_jax.params import per_layer_weights
 from alodlm_jax.plan import fit, hlo, launches
-from alodlm_jax.plan.fit import tree_bytes
 from alodlm_jax.plan.programs import PlannedProgram, evaluate_programs, place
 
-__all__ = ["plan", "floor_bytes", "tree_bytes", "PROGRAM_KEYS"]
+__all__ = ["plan", "floor_bytes", "PROGRAM_KEYS"]
 
 PROGRAM_KEYS = ("name", "compile_seconds", "program_bytes", "argument_bytes", "temp_bytes",
                 "device_memory_bytes", "capacity_bytes", "fits", "bytes_per_step",
@@ -82,6 +81,7 @@ def _analyse(program: PlannedProgram, compiled, seconds: float, target, floor: i
         loop = hlo.step_loop(module, program.step_depth)
         step_launches = launches.step_launches(module, loop and loop.name, *thunks)
     whole = hlo.program_cost(module)
+    need = fit.argument_bytes(program)
     arguments = int(memory.argument_size_in_bytes)
     device_memory = (arguments + int(memory.output_size_in_bytes) - int(memory.alias_size_in_bytes)
                      + int(memory.temp_size_in_bytes) + int(memory.generated_code_size_in_bytes))
@@ -93,8 +93,8 @@ def _analyse(program: PlannedProgram, compiled, seconds: float, target, floor: i
         "program_bytes": len(text.encode()),
         "fusions": hlo.count_fusions(text),
         "argument_bytes": arguments,
-        "weight_bytes": sum(tree_bytes(program.args[i]) for i in program.weight_args),
-        "cache_bytes": sum(tree_bytes(program.args[i]) for i in program.cache_args),
+        "weight_bytes": need["weights"],
+        "cache_bytes": need["cache"],
         "output_bytes": int(memory.output_size_in_bytes),
         "alias_bytes": int(memory.alias_size_in_bytes),
         "temp_bytes": int(memory.temp_size_in_bytes),
@@ -143,15 +143,15 @@ def _refused(program: PlannedProgram, seconds: float, target, floor: int, error)
     """A program the target's compiler refused for want of memory (XLA:TPU checks its memory
     assignment against the HBM): it does not fit; ``device_memory_bytes`` is its arguments alone
     (a lower bound) and ``compile_error`` XLA's message."""
-    arguments = sum(tree_bytes(a) for a in program.args)
+    need = fit.argument_bytes(program)
+    arguments = need["total"]
     record = dict.fromkeys(("program_bytes", "fusions", "output_bytes", "alias_bytes", "temp_bytes",
                             "generated_code_bytes", "bytes_per_step", "kernels_per_step",
                             "loops_of_unknown_trip_count_in_step", "bytes_per_run",
                             "kernels_per_run", "steps_per_second", "request_passes_per_second",
                             "xla_cost") + LAUNCH_KEYS)
     record.update(name=program.name, compile_seconds=round(seconds, 3), argument_bytes=arguments,
-                  weight_bytes=sum(tree_bytes(program.args[i]) for i in program.weight_args),
-                  cache_bytes=sum(tree_bytes(program.args[i]) for i in program.cache_args),
+                  weight_bytes=need["weights"], cache_bytes=need["cache"],
                   device_memory_bytes=arguments, capacity_bytes=target.capacity_bytes, fits=False,
                   batch=program.batch, floor_bytes_per_step=floor if program.step_depth else None,
                   compile_error=str(error).strip().splitlines()[0])

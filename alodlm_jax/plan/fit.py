@@ -46,6 +46,7 @@ def tree_bytes(tree) -> int:
 
     return int(sum(one(x) for x in jax.tree_util.tree_leaves(tree)))
 
+
 def _gb(value: int) -> str:
     return f"{value / 1e9:.2f} GB" if abs(value) >= 1e9 else f"{value / 1e6:.2f} MB"
 
@@ -82,7 +83,6 @@ def argument_bytes(program) -> dict[str, int]:
     """Bytes of one device's share of ``program``'s arguments (a
     :class:`~alodlm_jax.plan.programs.PlannedProgram`): ``weights``, ``cache``, ``other`` (the
     requests' state, the prompt, constants) and ``total``."""
-
     weights = sum(tree_bytes(program.args[i]) for i in program.weight_args)
     cache = sum(tree_bytes(program.args[i]) for i in program.cache_args)
     total = sum(tree_bytes(a) for a in program.args)
