@@ -328,18 +328,25 @@ def run_stack(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Array,
 
 def _window_layer(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax.Array,
                   k_all: jax.Array, v_all: jax.Array, index: tuple, start: jax.Array,
-                  kv_bucket: jax.Array | None):
+                  kv_bucket: jax.Array | None, kernel: bool = False):
     """One decoder layer over a window that reads the cache and writes nothing.
 
     Returns ``(h, k, v)`` with the rows' K/V ``[T, n_kv, d_h]`` in the cache dtype; the caller stores
     them (:func:`store_window`). Attention: prefix slots ``< start`` of the buffer at ``index`` (its
     first ``kv_buckets(...)[kv_bucket]`` slots) plus the window's own rows, see
-    :func:`~alodlm_jax.attention.attend_window`.
+    :func:`~alodlm_jax.attention.attend_window`; ``kernel``: in the platform's Pallas kernel, as a
+    batch of one (:func:`~alodlm_jax.attention.kernel_attention`), which reads the prefix where it
+    lies instead of XLA's copies of the buffer, its scores and its probabilities.
     """
     q, k, v = _qkv(lp, eps, h, cos, sin)
     k = k.astype(k_all.dtype)
     v = v.astype(v_all.dtype)
     index = tuple(jnp.asarray(i, jnp.int32) for i in index)
+    if kernel:
+        depth = None if len(index) == 1 else index[1][None]
+        attn = A.kernel_attention(q[None], k[None], v[None], k_all[None], v_all[None], index[0],
+                                  depth, start[None], size=k_all.shape[len(index)])[0]
+        return _attention_out_and_mlp(lp, eps, h, attn), k, v
 
     def attend_first(size, q, k, v, k_all, v_all):
         k_pre = A.first_slots(k_all, index, size).astype(q.dtype)
@@ -352,7 +359,7 @@ def _window_layer(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax
 
 def run_window_stack(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Array,
                      k_all: jax.Array, v_all: jax.Array, start, depth=None, *, prefix_limit=None,
-                     bucketed: bool = True):
+                     bucketed: bool = True, kernel: bool = False):
     """A layer group over a window's rows, reading (never writing) its cache buffers.
 
     Returns ``(h, k_new, v_new)`` with ``k_new``/``v_new`` ``[L, T, n_kv, d_h]``: what
@@ -362,7 +369,8 @@ def run_window_stack(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Arr
     the whole buffer, with no switch, when not ``bucketed``) and the window's own rows. Because the
     cache is only read, the caller can run this inside a ``lax.switch`` (row buckets) without XLA
     copying the cache into the taken branch, which it does for a buffer updated inside a
-    conditional.
+    conditional. ``kernel`` (not ``bucketed``): attention in the platform's Pallas kernel
+    (:func:`_window_layer`).
     """
     n = _num_layers(stack)
     kv_shape = (n, h.shape[0]) + k_all.shape[-2:]
@@ -377,7 +385,8 @@ def run_window_stack(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Arr
 
     def layer(lp, i, h):
         index = (i,) if depth is None else (i, depth)
-        return _window_layer(lp, eps, h, cos, sin, k_all, v_all, index, start, kv_bucket)
+        return _window_layer(lp, eps, h, cos, sin, k_all, v_all, index, start, kv_bucket,
+                             kernel)
 
     return _layer_loop(stack, layer, h)
 
@@ -543,26 +552,29 @@ def readout(params: Params, cfg: "ModelConfig", h, positions, cache: KVCache, st
 
 
 def prelude_window(params: Params, cfg: "ModelConfig", h, positions, cache: KVCache, start, *,
-                   prefix_limit=None, bucketed: bool = True):
+                   prefix_limit=None, bucketed: bool = True, kernel: bool = False):
     """:func:`prelude` over a window without writing: ``(h, (k, v))`` for :func:`store_window`."""
     h, k, v = run_window_stack(params["prelude"], cfg, h, positions, cache.prelude_k, cache.prelude_v,
-                               start, prefix_limit=prefix_limit, bucketed=bucketed)
+                               start, prefix_limit=prefix_limit, bucketed=bucketed,
+                               kernel=kernel)
     return h, (k, v)
 
 
 def core_window(params: Params, cfg: "ModelConfig", h, positions, cache: KVCache, start, depth, *,
-                prefix_limit=None, bucketed: bool = True):
+                prefix_limit=None, bucketed: bool = True, kernel: bool = False):
     """:func:`core_pass` over a window without writing: ``(h, (k, v))`` for :func:`store_window`."""
     h, k, v = run_window_stack(params["core"], cfg, h, positions, cache.core_k, cache.core_v, start,
-                               depth=depth, prefix_limit=prefix_limit, bucketed=bucketed)
+                               depth=depth, prefix_limit=prefix_limit, bucketed=bucketed,
+                               kernel=kernel)
     return h, (k, v)
 
 
 def readout_window(params: Params, cfg: "ModelConfig", h, positions, cache: KVCache, start, *,
-                   prefix_limit=None, bucketed: bool = True):
+                   prefix_limit=None, bucketed: bool = True, kernel: bool = False):
     """:func:`readout` over a window without writing: ``(r, (k, v))`` for :func:`store_window`."""
     r, k, v = run_window_stack(params["coda"], cfg, h, positions, cache.coda_k, cache.coda_v, start,
-                               prefix_limit=prefix_limit, bucketed=bucketed)
+                               prefix_limit=prefix_limit, bucketed=bucketed,
+                               kernel=kernel)
     return rms_norm(r, params["final_norm"], cfg.rms_norm_eps), (k, v)
 
 

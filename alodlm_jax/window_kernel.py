@@ -115,9 +115,11 @@ def _seen(v, seen):
     return jnp.where(seen, v, jnp.zeros((), v.dtype))
 
 
-def _window_mask(g: int, rows: int):
-    """Stacked query row ``j * rows + a`` sees window rows ``<= a``."""
-    row = jax.lax.broadcasted_iota(jnp.int32, (g, rows), 0) % rows
+def _window_mask(g: int, rows: int, group: int | None = None):
+    """Stacked query row ``j * rows + a`` (``group`` given: ``a * group + j``) sees window rows
+    ``<= a``."""
+    stacked = jax.lax.broadcasted_iota(jnp.int32, (g, rows), 0)
+    row = stacked % rows if group is None else stacked // group
     return jax.lax.broadcasted_iota(jnp.int32, (g, rows), 1) <= row
 
 
@@ -160,13 +162,15 @@ def _gpu_kernel(layer_ref, depth_ref, start_ref, q_ref, kw_ref, vw_ref, k_ref, v
                 bs: int, rows: int):
     """Grid ``(B, n_kv)``: one program per request and KV head loops over the blocks of the
     request's prefix, loading each from the cache at its layer and depth (a strided tile), then
-    its window."""
+    its window. The head's queries ``[rows, group, d_h]`` are stacked row-major (row ``a * group
+    + j``), so that they arrive and leave in the layer's own ``[B, W, n_q, d_h]`` layout."""
     b = pl.program_id(0)
     h = pl.program_id(1)
     start = start_ref[b]
     depth = depth_ref[b]
     layer = layer_ref[0]
-    q = q_ref[...]
+    group = q_ref.shape[1]
+    q = q_ref[...].reshape(rows * group, q_ref.shape[2])
     g, d_h = q.shape
 
     def block(t, carry):
@@ -180,9 +184,9 @@ def _gpu_kernel(layer_ref, depth_ref, start_ref, q_ref, kw_ref, vw_ref, k_ref, v
     carry = (jnp.full((g, 1), _NEG_INF, jnp.float32), jnp.zeros((g, 1), jnp.float32),
              jnp.zeros((g, d_h), jnp.float32))
     carry = jax.lax.fori_loop(0, pl.cdiv(start, bs), block, carry)
-    _, l, acc = _online(carry, _scores(q, kw_ref[...], _window_mask(g, rows)),
+    _, l, acc = _online(carry, _scores(q, kw_ref[...], _window_mask(g, rows, group)),
                         vw_ref[...].astype(q.dtype))
-    o_ref[...] = (acc / l).astype(o_ref.dtype)
+    o_ref[...] = (acc / l).astype(o_ref.dtype).reshape(o_ref.shape)
 
 
 def window_attention(q, k, v, k_all, v_all, layer, depth, start, *, backend: str = "tpu",
@@ -203,9 +207,6 @@ def window_attention(q, k, v, k_all, v_all, layer, depth, start, *, backend: str
         depth = jnp.zeros((batch,), jnp.int32)
     slots = k_all.shape[3]
     g = group * rows
-    # [B, n_kv, group*W, d_h]: row j*W + a is query row a of the kv head's j-th query head.
-    qg = q.reshape(batch, rows, n_kv, group, d_h).transpose(0, 2, 3, 1, 4).reshape(
-        batch, n_kv, g, d_h)
     item = jnp.dtype(k_all.dtype).itemsize
     moved = (2 * batch * slots * n_kv * d_h * item  # each request's K/V, one depth, at most
              + 2 * k.size * item + 2 * q.size * q.dtype.itemsize)
@@ -213,8 +214,10 @@ def window_attention(q, k, v, k_all, v_all, layer, depth, start, *, backend: str
     cost = pl.CostEstimate(flops=4 * scores * d_h, transcendentals=scores, bytes_accessed=moved)
     scalars = (jnp.reshape(jnp.asarray(layer, jnp.int32), (1,)), jnp.asarray(depth, jnp.int32),
                jnp.asarray(start, jnp.int32))
-    out_shape = jax.ShapeDtypeStruct(qg.shape, q.dtype)
     if backend == "tpu":
+        # [B, n_kv, group*W, d_h]: row j*W + a is query row a of the kv head's j-th query head.
+        qg = q.reshape(batch, rows, n_kv, group, d_h).transpose(0, 2, 3, 1, 4).reshape(
+            batch, n_kv, g, d_h)
         bs = block_slots(slots)
 
         def cache_block(b, t, layer_ref, depth_ref, start_ref):
@@ -228,7 +231,8 @@ def window_attention(q, k, v, k_all, v_all, layer, depth, start, *, backend: str
         window_spec = pl.BlockSpec((None, rows, n_kv, d_h), per_request)
         q_spec = pl.BlockSpec((None, n_kv, g, d_h), per_request)
         call = pl.pallas_call(
-            functools.partial(_tpu_kernel, bs=bs, rows=rows), out_shape=out_shape,
+            functools.partial(_tpu_kernel, bs=bs, rows=rows),
+            out_shape=jax.ShapeDtypeStruct(qg.shape, q.dtype),
             grid_spec=pltpu.PrefetchScalarGridSpec(
                 num_scalar_prefetch=3, grid=(batch, slots // bs),
                 in_specs=[q_spec, window_spec, window_spec, cache_spec, cache_spec],
@@ -238,22 +242,25 @@ def window_attention(q, k, v, k_all, v_all, layer, depth, start, *, backend: str
                                 pltpu.VMEM((n_kv, g, d_h), jnp.float32)]),
             compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
             cost_estimate=cost, interpret=interpret)
-    elif backend == "gpu":
+        out = call(*scalars, qg, k, v, k_all, v_all)
+        return out.reshape(batch, n_kv, group, rows, d_h).transpose(0, 3, 1, 2, 4).reshape(
+            batch, rows, n_q, d_h)
+    if backend == "gpu":
         if slots % GPU_BLOCK_SLOTS:
             raise ValueError(f"the GPU kernel reads {GPU_BLOCK_SLOTS}-slot tiles: {slots} slots")
         whole = pl.no_block_spec
-        head_q = pl.BlockSpec((None, None, g, d_h), lambda b, h: (b, h, 0, 0))
+        # q and the output as [B, W, n_kv, group, d_h] (a reshape of [B, W, n_q, d_h], no copy).
+        head_q = pl.BlockSpec((None, rows, None, group, d_h), lambda b, h: (b, 0, h, 0, 0))
         head_window = pl.BlockSpec((None, rows, None, d_h), lambda b, h: (b, 0, h, 0))
+        grouped = q.reshape(batch, rows, n_kv, group, d_h)
         call = pl.pallas_call(
-            functools.partial(_gpu_kernel, bs=GPU_BLOCK_SLOTS, rows=rows), out_shape=out_shape,
+            functools.partial(_gpu_kernel, bs=GPU_BLOCK_SLOTS, rows=rows),
+            out_shape=jax.ShapeDtypeStruct(grouped.shape, q.dtype),
             grid=(batch, n_kv),
             in_specs=[whole, whole, whole, head_q, head_window, head_window, whole, whole],
             out_specs=head_q,
             compiler_params=pltr.CompilerParams(num_warps=4, num_stages=2),
             # XLA:GPU keeps no cost estimate: the figure travels in the kernel's metadata.
             metadata={"bytes_accessed": str(moved)}, cost_estimate=cost, interpret=interpret)
-    else:
-        raise ValueError(f"backend must be 'tpu' or 'gpu', not {backend!r}")
-    out = call(*scalars, qg, k, v, k_all, v_all)
-    return out.reshape(batch, n_kv, group, rows, d_h).transpose(0, 3, 1, 2, 4).reshape(
-        batch, rows, n_q, d_h)
+        return call(*scalars, grouped, k, v, k_all, v_all).reshape(batch, rows, n_q, d_h)
+    raise ValueError(f"backend must be 'tpu' or 'gpu', not {backend!r}")

@@ -265,7 +265,8 @@ def prelude_rows(params, cache, packed, *, cfg, prefix_limit=None, rows_needed=N
         def run(cache):
             h = M.embed(params, packed.ids[:n])
             h, kv = M.prelude_window(params, cfg, h, packed.positions[:n], cache, packed.start,
-                                     prefix_limit=prefix_limit, bucketed=not R.is_fixed(shapes))
+                                     prefix_limit=prefix_limit, bucketed=not R.is_fixed(shapes),
+                                     kernel=shapes == R.KERNEL)
             return _pad_rows(h, rows), _pad_kv(kv, rows)
         return run
 
@@ -290,11 +291,11 @@ def window_pass(params, cache, h, packed, pst, depth, q, tau, *, cfg, mode, pref
     def branch(n):
         def run(cache, h_in):
             positions = packed.positions[:n]
-            bucketed = not R.is_fixed(shapes)
+            attend = dict(prefix_limit=prefix_limit, bucketed=not R.is_fixed(shapes),
+                          kernel=shapes == R.KERNEL)
             h, core_kv = M.core_window(params, cfg, h_in[:n], positions, cache, packed.start, depth,
-                                       prefix_limit=prefix_limit, bucketed=bucketed)
-            r, coda_kv = M.readout_window(params, cfg, h, positions, cache, packed.start,
-                                          prefix_limit=prefix_limit, bucketed=bucketed)
+                                       **attend)
+            r, coda_kv = M.readout_window(params, cfg, h, positions, cache, packed.start, **attend)
             return (_pad_rows(h, rows, fill=h_in), _pad_rows(r, rows), _pad_kv(core_kv, rows),
                     _pad_kv(coda_kv, rows))
         return run

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from alodlm_jax import window_kernel as WK
 from alodlm_jax.config import DecodeConfig
 from alodlm_jax.decode.compiled import CompiledEngine
 from alodlm_jax.decode.scheduler import BATCH_TIMING
@@ -138,16 +139,23 @@ def test_fixed_shapes_equal_bucketed(checkpoints, mode):
         CompiledEngine(cfg, params, decode, [2], shapes="ragged")
 
 
-def test_kernel_attention_equals_bucketed(checkpoints):
-    """One TPU's policy (FIXED's shapes, the batch step's attention in the Pallas kernel, run here
-    by Pallas's interpreter) decodes a batch whose requests come and go as the CPU's buckets do."""
+def test_kernel_attention_equals_bucketed(checkpoints, monkeypatch):
+    """One TPU's policy (FIXED's shapes, attention in the Pallas kernel, run here by Pallas's
+    interpreter) decodes single requests (the kernel as a batch of one) and a batch whose
+    requests come and go as the CPU's buckets do."""
     cfg, params = checkpoints.get("sandwich", 1, 24.0)
     decode = DecodeConfig(q=0.5, tau=2.5, window_size=4, max_new_tokens=24, mode="entropy")
     bucketed = CompiledEngine(cfg, params, decode, [2, 23], batch_size=3, measure_prefill=False)
     kernel = CompiledEngine(cfg, params, decode, [2, 23], batch_size=3, measure_prefill=False,
                             shapes="fixed-kernel")
     reference = [bucketed.generate(p) for p in PROMPTS]
-    _assert_same(reference, kernel.generate_batch(PROMPTS))
+    traced = []  # (batch, rows) of each kernel call traced: single requests are a batch of one
+    attention = WK.window_attention
+    monkeypatch.setattr(WK, "window_attention", lambda q, *a, **k: (
+        traced.append(q.shape[:2]), attention(q, *a, **k))[1])
+    alone = [kernel.generate(p) for p in PROMPTS[:2]]
+    assert (1, 2 * decode.window_size) in traced
+    _assert_same(reference[:2] + reference, alone + kernel.generate_batch(PROMPTS))
     assert kernel.last_live_steps == {i: s.recurrent_passes for i, s in enumerate(reference)}
 
 
