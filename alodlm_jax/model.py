@@ -115,8 +115,17 @@ def resolve_dtype(dtype):
 
 def _mm(equation: str, x: jax.Array, w: jax.Array) -> jax.Array:
     """Einsum with fp32 accumulation, rounded once to ``x``'s dtype (a PyTorch GEMM's numerics)."""
-    out = jnp.einsum(equation, x, w.astype(x.dtype), precision=_HIGHEST, preferred_element_type=jnp.float32)
-    return out.astype(x.dtype)
+    def accumulated(x, w):
+        out = jnp.einsum(equation, x, w, precision=_HIGHEST, preferred_element_type=jnp.float32)
+        return out.astype(x.dtype)
+
+    def rounded(x, w):
+        return jnp.einsum(equation, x, w, precision=_HIGHEST, preferred_element_type=x.dtype)
+
+    w = w.astype(x.dtype)
+    if x.dtype == jnp.float32:
+        return accumulated(x, w)
+    return jax.lax.platform_dependent(x, w, cuda=rounded, default=accumulated)
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
