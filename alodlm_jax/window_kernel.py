@@ -260,7 +260,8 @@ def window_attention(q, k, v, k_all, v_all, layer, depth, start, *, backend: str
             in_specs=[whole, whole, whole, head_q, head_window, head_window, whole, whole],
             out_specs=head_q,
             compiler_params=pltr.CompilerParams(num_warps=4, num_stages=2),
-            # XLA:GPU keeps no cost estimate: the figure travels in the kernel's metadata.
-            metadata={"bytes_accessed": str(moved)}, cost_estimate=cost, interpret=interpret)
+            # XLA:GPU keeps no cost estimate: the figures travel in the kernel's metadata.
+            metadata={"bytes_accessed": str(moved), "flops": str(4 * scores * d_h)},
+            cost_estimate=cost, interpret=interpret)
         return call(*scalars, grouped, k, v, k_all, v_all).reshape(batch, rows, n_q, d_h)
     raise ValueError(f"backend must be 'tpu' or 'gpu', not {backend!r}")

@@ -22,12 +22,17 @@
 #   8B-shaped:   36 layers, loop [10,26), H 4096, I 12288, 32/8 heads x 128, vocab 151936
 #
 # Usage:  bash scripts/gpu_check.sh [--tiny] [--max_new_tokens N] [--models 1.7b,8b] [--batches 1,8,32]
-#                                  [--layouts | --layouts_only]
+#                                  [--graphs] [--layouts | --layouts_only]
 #         bash scripts/gpu_check.sh --parity [gpu_parity.py's options]
 #   --parity   only the fp32 parity check against the CPU (scripts/gpu_parity.py: several small
 #              topologies, one request at a time and batches 8 and 32; exit status 1 on any
 #              difference); the other options are gpu_parity.py's.
 #   --tiny     small shapes of both topologies, for a CPU smoke test of this script.
+#   --graphs   also the compiled engine with loops and branches in command buffers (CUDA graph
+#              conditional nodes: CompiledEngine(..., graphs=True), alodlm-jax-plan
+#              --command_buffers graphs) beside XLA's defaults, for the single-request program and
+#              at each batch size: measured against predicted ms, and whether its tokens equal the
+#              defaults' (the same program under other launch machinery: expected equal).
 #   --layouts  (block "LAYOUTS" below) also the compiled engine with continuous batching
 #              on every ("data", "model") mesh the visible devices allow (one H200: data=1,model=1
 #              through the mesh path), against one-device batch 1: tokens/s, same tokens, and the
@@ -85,8 +90,8 @@ def batch_sweep(cfg, params, batches, args) -> bool:
     base = sum(len(o.token_ids) for o in alone) / sum(o.wall_seconds for o in alone)
     print(f"  batch sweep ({len(prompts)} prompts): one at a time {base:9.1f} tok/s", flush=True)
     same_all = True
-    for b in batches:
-        engine = CompiledEngine(cfg, params, decode, [], batch_size=b)
+    for b, graphs in [(b, g) for b in batches for g in ((False, True) if args.graphs else (False,))]:
+        engine = CompiledEngine(cfg, params, decode, [], batch_size=b, graphs=graphs)
         engine.generate_batch(prompts[:b])  # compiles, warms
         t0 = time.perf_counter()
         outs = engine.generate_batch(prompts)
@@ -95,6 +100,17 @@ def batch_sweep(cfg, params, batches, args) -> bool:
         # The engine's own count of the batch program's steps and the seconds its runs took.
         steps, run_seconds = engine.last_batch_steps, engine.last_batch_seconds
         same = all(a.token_ids == o.token_ids for a, o in zip(alone, outs))
+        if graphs:  # the same program as the defaults' just measured: its tokens
+            same = [o.token_ids for o in outs] == defaults
+            print(f"  batch {b:>3} graphs: {tokens / wall:9.1f} tok/s  "
+                  f"{1e3 * run_seconds / max(steps, 1):7.3f} ms/step ({steps} steps); same tokens "
+                  f"as XLA's defaults: {same}", flush=True)
+            same_all &= same
+            print_plan(cfg, params, decode, args, b, "batch",
+                       measured_ms=1e3 * run_seconds / max(steps, 1),
+                       measured_compile=engine.compile_seconds, command_buffers="graphs")
+            continue
+        defaults = [o.token_ids for o in outs]
         same_all &= same
         cost = step_analysis(cfg, params, engine.bucket_for(args.prompt_tokens, batch=b),
                              shapes=engine.shapes)
@@ -120,6 +136,8 @@ def main() -> int:
     parser.add_argument("--head_scale", type=float, default=8.0)
     parser.add_argument("--batches", default="1,8,32",
                         help="batch sizes of the continuous-batching sweep ('' to skip it)")
+    parser.add_argument("--graphs", action="store_true",
+                        help="also loops and branches in command buffers (CUDA graphs)")
     parser.add_argument("--layouts", action="store_true")
     parser.add_argument("--layouts_only", action="store_true")
     parser.add_argument("--layout_batch", type=int, default=8)
@@ -167,6 +185,22 @@ def main() -> int:
                 if label == "compiled" and mode == "entropy":
                     print_plan(cfg, params, decode, args, 1, "single", measured_ms=ms_pass,
                                measured_compile=engine.compile_seconds)
+                if label == "compiled" and args.graphs:
+                    graphs = CompiledEngine(cfg, params, decode, [], graphs=True)
+                    graphs.generate(prompt)
+                    g = graphs.generate(prompt)
+                    g_ms = 1e3 * (g.wall_seconds - g.prefill_seconds) / max(g.recurrent_passes, 1)
+                    same_graphs = g.token_ids == out.token_ids
+                    ok &= same_graphs
+                    print(f"  {mode:<8}{'graphs':<10} {len(g.token_ids) / g.wall_seconds:9.1f} "
+                          f"tok/s  {g_ms:8.3f} ms/pass (x{g_ms / roofline_ms:.1f} roofline)  "
+                          f"compile {graphs.compile_seconds:6.1f} s  same tokens as XLA's "
+                          f"defaults: {same_graphs}", flush=True)
+                    if mode == "entropy":
+                        print_plan(cfg, params, decode, args, 1, "single", measured_ms=g_ms,
+                                   measured_compile=graphs.compile_seconds,
+                                   command_buffers="graphs")
+                    del graphs
                 if name == "1.7b" and label == "compiled" and not args.tiny:
                     met = ms_pass <= 1.5 * roofline_ms
                     print(f"  goal compiled ms/pass <= 1.5x roofline (batch 1): "
@@ -185,7 +219,8 @@ def main() -> int:
 
 
 # ---- PLAN (alodlm-jax-plan's prediction beside the measured step) ----------------------------
-def print_plan(cfg, params, decode, args, batch, program, *, measured_ms, measured_compile) -> None:
+def print_plan(cfg, params, decode, args, batch, program, *, measured_ms, measured_compile,
+               command_buffers="engine") -> None:
     """The plan of the program just measured (alodlm_jax.plan on this device, with the engine's
     XLA options): its predicted ms per step (the single-request program: per pass) beside the
     measured one, what it is made of (bytes and FLOPs at the H200's rates, kernels launched
@@ -202,7 +237,8 @@ def print_plan(cfg, params, decode, args, batch, program, *, measured_ms, measur
                                  matrix_flops_per_second=rates.matrix_flops_per_second)
     spec = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
     record = plan(target, cfg, spec, decode, prompt_tokens=args.prompt_tokens,
-                  batch_size=batch, programs={program}, batch_programs=program == "batch")
+                  batch_size=batch, programs={program}, batch_programs=program == "batch",
+                  command_buffers=command_buffers)
     (p,) = record["programs"]
     stats = jax.devices()[0].memory_stats() or {}
     peak, limit = stats.get("peak_bytes_in_use"), stats.get("bytes_limit")

@@ -125,6 +125,8 @@ class CompiledEngine:
       shapes: the programs' shape policy (:mod:`alodlm_jax.rows`); by default the one of the
         platform the params are on (the layout's, for abstract params): row and attention buckets
         on a CPU, one fixed shape on a GPU or TPU.
+      graphs: on a GPU, compile with loops and branches in command buffers too
+        (:func:`.programs.compiler_options`); elsewhere nothing changes.
     """
 
     name = "jax-xla-compiled"
@@ -132,7 +134,7 @@ class CompiledEngine:
     def __init__(self, cfg, params, decode: DecodeConfig, stop_ids: Sequence[int], *,
                  batch_size: int = 1, compilation_cache_dir: str | None = None,
                  measure_prefill: bool = True, cache_slots: int | None = None,
-                 layout: Layout = ONE_DEVICE, shapes: str | None = None):
+                 layout: Layout = ONE_DEVICE, shapes: str | None = None, graphs: bool = False):
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         layout.check_batch(batch_size)
@@ -141,8 +143,9 @@ class CompiledEngine:
         self.layout = layout
         platform = _platform(params, layout)
         self.shapes = shapes or R.shapes_for(platform, layout.data * layout.model)
-        # XLA options of every program (programs.compiler_options: XLA's defaults).
-        self.compiler_options = compiler_options(platform)
+        # XLA options of every program (programs.compiler_options: XLA's defaults, or on a GPU
+        # with ``graphs`` loops and branches in command buffers too).
+        self.compiler_options = compiler_options(platform, graphs=graphs)
         enable_persistent_cache(compilation_cache_dir)
         self.cfg = cfg
         self.params = params

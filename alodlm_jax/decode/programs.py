@@ -24,10 +24,10 @@ is on (the commands' default), a program compiled again after an eviction is rea
 
 Every program is compiled with :func:`compiler_options` (XLA's defaults); with ``graphs`` it also
 puts XLA:GPU's loops and branches whose predicate lives on the device (``WHILE``,
-``CONDITIONAL``) into command buffers (CUDA graphs), which the plan measures
-(``alodlm-jax-plan --command_buffers graphs``) but the engine does not use: by the plan's count
-it removes the few launches and host reads a step has left and costs the 8B's batch programs
-every graph (``docs/plan.md``).
+``CONDITIONAL``) into command buffers (CUDA graphs), however few commands a buffer holds. The
+plan measures it (``alodlm-jax-plan --command_buffers graphs``) and ``CompiledEngine(...,
+graphs=True)`` compiles with it; by default the engine does not: by the plan's count it removes
+the few launches and host reads a step has left (``docs/plan.md``), which no GPU has yet measured.
 """
 
 from __future__ import annotations
@@ -46,21 +46,26 @@ from alodlm_jax.config import DEFAULT_COMPILATION_CACHE_BYTES, DEFAULT_MAX_PROGR
 # and CONDITIONAL need CUDA 12.3 or newer (XLA leaves them out on an older driver).
 GPU_COMMAND_TYPES = ("FUSION", "CUBLAS", "CUBLASLT", "CUSTOM_CALL", "CUDNN", "WHILE", "CONDITIONAL")
 _COMMAND_BUFFER_FLAG = "xla_gpu_enable_command_buffer"
+_MIN_GRAPH_SIZE_FLAG = "xla_gpu_graph_min_graph_size"
 
 
 def compiler_options(platform: str, *, graphs: bool = False) -> dict[str, str]:
     """The XLA options the programs are compiled with on ``platform`` (``compile(compiler_options=
     ...)``; a run's protocol records them as ``xla_options`` where there are any). The engine
-    compiles with XLA's defaults (``{}``): with them a pass or a step is already almost all in command buffers, and the plan
-    predicts the 8B's batch steps slower with loops and branches in graphs (``docs/plan.md``).
-    ``graphs``: on a GPU, command buffers of :data:`GPU_COMMAND_TYPES` (loops and branches
-    included), unless the environment's ``XLA_FLAGS`` sets ``--xla_gpu_enable_command_buffer``
-    itself; what ``alodlm-jax-plan --command_buffers graphs`` compiles."""
+    compiles with XLA's defaults (``{}``): with them a pass or a step is already almost all in
+    command buffers (``docs/plan.md``). ``graphs``: on a GPU, command buffers of
+    :data:`GPU_COMMAND_TYPES` (loops and branches included) of any size, unless the
+    environment's ``XLA_FLAGS`` sets ``--xla_gpu_enable_command_buffer`` itself; what
+    ``alodlm-jax-plan --command_buffers graphs`` compiles."""
     if not graphs or platform not in ("gpu", "cuda", "rocm"):
         return {}
     if _COMMAND_BUFFER_FLAG in os.environ.get("XLA_FLAGS", ""):
         return {}
-    return {_COMMAND_BUFFER_FLAG: ",".join(GPU_COMMAND_TYPES)}
+    # A program's top level is its loop of steps (or windows) and a kernel or two. XLA forms no
+    # command buffer of fewer commands than xla_gpu_graph_min_graph_size ("command size is less
+    # than the min graph size") and, once the loop is a command, none inside it either: the 8B's
+    # batch programs then ran every kernel one by one.
+    return {_COMMAND_BUFFER_FLAG: ",".join(GPU_COMMAND_TYPES), _MIN_GRAPH_SIZE_FLAG: "1"}
 
 
 class ProgramStore:

@@ -49,6 +49,8 @@ _ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([^\]]*)\](\{[^}]*\})?")
 # metadata in a Triton (GPU) call's (quotes escaped as \22 there).
 _KERNEL_BYTES = re.compile(r'(?:"cost_estimate":\{[^}]*|serialized_metadata = "[^"]*)'
                            r'bytes_accessed(?:"|\\22):\s*(?:"|\\22)(\d+)')
+_KERNEL_FLOPS = re.compile(r'(?:"cost_estimate":\{[^}]*|serialized_metadata = "[^"]*)'
+                           r'flops(?:"|\\22):\s*(?:"|\\22)(\d+)')
 _ON_CHIP = re.compile(r"S\(([1-9]\d*)\)")  # a layout's memory space other than device memory
 
 
@@ -189,12 +191,16 @@ class Module:
     def kernel_flops(self, computation: Computation, instr: Instruction, depth: int = 0) -> int:
         """Twice the multiply-adds of the matrix products a kernel runs: a ``dot`` (2 x its
         result's elements x its contracted size), those of a fusion's computation (nested
-        fusions included), a cuBLAS ``custom-call`` from its dimension numbers."""
+        fusions included), a cuBLAS ``custom-call`` from its dimension numbers, a Pallas kernel
+        its own estimate (as for its bytes)."""
         if instr.opcode == "dot":
             return _dot_flops(computation, instr, r"lhs_contracting_dims=\{([^}]*)\}")
         if instr.opcode == "custom-call" and "cublas" in instr.attrs:
             return _dot_flops(computation, instr,
                               r'"lhs_contracting_dimensions":\[([^\]]*)\]')
+        if instr.opcode == "custom-call":
+            estimate = _KERNEL_FLOPS.search(instr.attrs)
+            return int(estimate.group(1)) if estimate else 0
         if instr.opcode == "fusion" and depth < 4:
             callee = self.computations.get((self.callees(instr, "calls") or [""])[0])
             if callee is not None:

@@ -14,7 +14,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_gpu_check_tiny_runs_on_cpu():
     done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--tiny",
-                           "--max_new_tokens", "16", "--batches", "1,3"],
+                           "--max_new_tokens", "16", "--batches", "1,3", "--graphs"],
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "GPU_CHECK_DONE ok" in done.stdout
@@ -25,11 +25,14 @@ def test_gpu_check_tiny_runs_on_cpu():
     # The plan of each program measured beside it (the single-request program and both batch
     # sizes, both shapes): the predicted step against the measured one, planned memory, the
     # measured peak, the allocator's limit.
-    assert done.stdout.count("\n  plan single   1: predicted") == 2
-    assert done.stdout.count("\n  plan  batch   3: predicted") == 2
-    assert done.stdout.count("measured/predicted") == 6
-    assert done.stdout.count("GB planned, peak in use") == 6
-    assert done.stdout.count("of an allocator limit of") == 6
+    # --graphs: each compiled program again with loops and branches in command buffers (on a CPU
+    # the same options), its tokens against XLA's defaults' and its plan beside it.
+    assert done.stdout.count("same tokens as XLA's defaults: True") == 8
+    assert done.stdout.count("\n  plan single   1: predicted") == 4
+    assert done.stdout.count("\n  plan  batch   3: predicted") == 4
+    assert done.stdout.count("measured/predicted") == 12
+    assert done.stdout.count("GB planned, peak in use") == 12
+    assert done.stdout.count("of an allocator limit of") == 12
 
 
 @pytest.mark.slow

@@ -146,7 +146,8 @@ GPU_COMPILE = textwrap.dedent("""
     calls = [i for c in module.computations.values() for i in c.instructions
              if i.opcode == "custom-call"]
     json.dump({"triton": "xla.gpu.triton" in text,
-               "bytes": [module.kernel_bytes(module.entry, i) for i in calls]}, sys.stdout)
+               "bytes": [module.kernel_bytes(module.entry, i) for i in calls],
+               "flops": [module.kernel_flops(module.entry, i) for i in calls]}, sys.stdout)
 """)
 
 
@@ -155,8 +156,9 @@ GPU_COMPILE = textwrap.dedent("""
                     reason="needs the aot extra (jax-cuda12-plugin, -pjrt, ptxas)")
 def test_gpu_kernel_compiles_for_a_gpu_without_one():
     """XLA:GPU compiles the Triton kernel (JAX's CUDA plugin and ptxas, no GPU), and the plan
-    reads what it moves from the kernel's metadata: one depth of each request's K/V. In a child
-    process with the plugin on its path, as tests/plan runs the GPU plan."""
+    reads what it moves from the kernel's metadata: one depth of each request's K/V; and its
+    FLOPs: both products of every query row with the slots it may see. In a child process with
+    the plugin on its path, as tests/plan runs the GPU plan."""
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                PYTHONPATH=os.pathsep.join([str(GPU_DIR)] + [p for p in sys.path if p]))
     done = subprocess.run([sys.executable, "-c", GPU_COMPILE], env=env, capture_output=True,
@@ -165,4 +167,5 @@ def test_gpu_kernel_compiles_for_a_gpu_without_one():
     result = json.loads(done.stdout)
     one_depth = 2 * 2 * 768 * 8 * 128 * 2
     window = 2 * (2 * 16 * 8 * 128 * 2) + 2 * (2 * 16 * 16 * 128 * 2)
-    assert result == {"triton": True, "bytes": [one_depth + window]}
+    scores = 2 * 16 * 16 * (768 + 16)  # batch x query heads x rows x (slots + window rows)
+    assert result == {"triton": True, "bytes": [one_depth + window], "flops": [4 * scores * 128]}

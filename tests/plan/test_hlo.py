@@ -214,6 +214,9 @@ def test_a_pallas_kernel_is_charged_its_own_estimate_other_custom_calls_their_op
     # The kernel reads one depth of each request's cache, not the buffer it is handed.
     assert module.kernel_bytes(entry, entry.by_name["pallas"]) == 1048576
     assert module.kernel_bytes(entry, entry.by_name["other"]) == q + cache + q
+    # And its FLOPs (its scores and their products with V), which no dot in the program shows.
+    assert module.kernel_flops(entry, entry.by_name["pallas"]) == 1024
+    assert module.kernel_flops(entry, entry.by_name["other"]) == 0
 
 
 def test_a_step_counts_the_flops_of_its_products_as_often_as_they_run():
