@@ -18,8 +18,9 @@ Three shape policies (a static argument of the compiled programs, :func:`shapes_
   the same for 64 or 512 rows, and each branch multiplies the compile time (the 1.7B's batch-8
   program for a v5p, layers stacked: 312 s bucketed, 19 s fixed; ``docs/plan.md``).
 
-* :data:`KERNEL` (one GPU or TPU): :data:`FIXED`'s shapes, and the batch step's attention in a
-  Pallas kernel that reads each request's K/V where it lies in the cache
+* :data:`KERNEL` (one GPU or TPU): :data:`FIXED`'s shapes, and every window's attention (a batch
+  step's, and a single request's as a batch of one) in a Pallas kernel that reads each request's
+  K/V where it lies in the cache
   (:mod:`alodlm_jax.window_kernel`) instead of XLA's copy of each request's prefix (which XLA:TPU
   expands into loops: the 8B's batch-32 step had 33.7k kernels). On a mesh the programs keep
   :data:`FIXED` (the kernel is not partitioned across devices).

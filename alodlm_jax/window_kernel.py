@@ -1,7 +1,8 @@
-"""The batch step's window attention as a Pallas kernel reading each request's K/V in place.
+"""A window's attention as a Pallas kernel reading each request's K/V in place.
 
 :func:`window_attention` computes what ``jax.vmap(attention.attend_in_copy)`` computes for the
-in-order lanes of the :data:`~alodlm_jax.rows.FIXED` batch step: request ``b``'s queries (its
+in-order lanes of the :data:`~alodlm_jax.rows.FIXED` batch step (and, as a batch of one, for a
+single request's window, :func:`alodlm_jax.model.run_window_stack`): request ``b``'s queries (its
 window rows) attend over its prefix, cache slots ``< start[b]`` of layer ``layer`` at depth
 ``depth[b]`` of the batch's buffers, and over its own window's K/V, row ``a`` seeing window rows
 ``<= a``, in one softmax. The XLA form reads every request's slice of the cache into a copy (a

@@ -13,10 +13,10 @@
 # buffers, its predicted ms/step; block "PLAN" below) beside the measured ms/step (the batch
 # program's run time over its own count of steps; the single-request program's time per pass),
 # so one run recalibrates the plan (alodlm_jax/plan/launches.py: TIME_MODEL). On a GPU the compiled engine runs the accelerators' fixed
-# shapes (one row shape, attention over the whole cache: alodlm_jax/rows.py), and on one GPU the
-# batch step attends in the Triton kernel (alodlm_jax/window_kernel.py; "shapes fixed-kernel"),
-# as evaluate does. In bf16 its sums run in another order than the single-request program's, so
-# "same tokens" may read False at a near tie; in fp32 it is expected True.
+# shapes (one row shape, attention over the whole cache: alodlm_jax/rows.py), and on one GPU
+# every pass attends in the Triton kernel (alodlm_jax/window_kernel.py; "shapes fixed-kernel"),
+# as evaluate does. In bf16 a batch's products run over more rows (other tiles, other sums) than
+# one request's, so "same tokens" may read False at a near tie; in fp32 it is expected True.
 #
 #   1.7B-shaped: 28 layers, loop [0,28), H 2048, I 6144, 16/8 heads x 128, vocab 151936
 #   8B-shaped:   36 layers, loop [10,26), H 4096, I 12288, 32/8 heads x 128, vocab 151936
