@@ -155,6 +155,7 @@ def run(args) -> int:
     count = args.prompts
     print(f"parity: {device.platform} ({device.device_kind}) against the CPU, fp32, "
           f"{len(settings)} settings x {count} prompts, batches {batches}, "
+          f"{'loops and branches in command buffers, ' if args.graphs else ''}"
           f"halting probabilities to {args.halt_tolerance:g}; JAX {jax.__version__}", flush=True)
     totals = {b: [0, 0] for b in batches}
     failed = []  # (setting index, batch)
@@ -176,7 +177,7 @@ def run(args) -> int:
         with jax.default_device(device):
             for batch in batches:
                 engine = CompiledEngine(cfg, on_device, setting.decode, STOP_IDS, batch_size=batch,
-                                        measure_prefill=False, shapes=shapes)
+                                        measure_prefill=False, shapes=shapes, graphs=args.graphs)
                 if batch == 1:
                     outs = [engine.generate(p) for p in prompts]
                 else:
@@ -211,7 +212,7 @@ def diagnose(args, failed) -> None:
     batches = ",".join(str(b) for b in sorted({b for _, b in failed}))
     base = [sys.executable, __file__, "--device", args.device, "--settings", settings,
             "--batches", batches, "--prompts", str(args.prompts),
-            "--halt_tolerance", str(args.halt_tolerance)]
+            "--halt_tolerance", str(args.halt_tolerance)] + (["--graphs"] if args.graphs else [])
     own = (R.shapes_for(jax.devices(args.device)[0].platform) if args.shapes == "platform"
            else args.shapes)
     variants = [(f"shapes {shapes}", ["--shapes", shapes], {}) for shapes in R.SHAPES
@@ -265,6 +266,10 @@ def main(argv=None) -> int:
     parser.add_argument("--halt_tolerance", type=float, default=1e-5,
                         help="largest accepted difference of a first-pass halting probability "
                              "(a negative one reports every request: a check of the report)")
+    parser.add_argument("--graphs", action="store_true",
+                        help="compile the device's programs with loops and branches in command "
+                             "buffers (CUDA graphs: CompiledEngine(..., graphs=True)); elsewhere "
+                             "nothing changes")
     parser.add_argument("--diagnose", action="store_true",
                         help="where a setting differs, rerun it with each other shape policy "
                              "and, on a GPU, with each of a few XLA:GPU options off (a child "

@@ -98,8 +98,9 @@ def test_gpu_parity_script_on_cpu(tmp_path):
     assert "parity PASSED: batch 1: 8/8 identical, batch 8: 8/8 identical" in done.stdout
     assert "window 7" in done.stdout and "window 10" in done.stdout
     done = subprocess.run(script + ["--settings", "0", "--prompts", "2", "--batches", "8",
-                                    "--halt_tolerance", "-1"],
+                                    "--halt_tolerance", "-1", "--graphs"],
                           capture_output=True, text=True, timeout=1200, cwd=tmp_path)
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "loops and branches in command buffers" in done.stdout  # --graphs (nothing on a CPU)
     assert "parity FAILED: batch 8: " in done.stdout
     assert "first-pass halting probabilities differ by up to" in done.stdout
