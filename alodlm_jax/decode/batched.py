@@ -29,6 +29,7 @@ fresh, topped-up state; :mod:`.scheduler` admits requests and runs the batch pro
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 
 import jax
@@ -306,7 +307,9 @@ def new_slots(engine, bucket: W.Bucket) -> Slots:
 
 def compile_batch(engine, bucket: W.Bucket):
     """The batch and admit programs of ``bucket`` (compiled once per process while they stay in
-    the program store, :mod:`alodlm_jax.decode.programs`), for the engine's layout."""
+    the program store, :mod:`alodlm_jax.decode.programs`), for the engine's layout. The admit
+    program compiles in a second thread while the batch program compiles (XLA compiles without
+    the GIL), so a first run waits for the longer of the two rather than their sum."""
     layout = engine.layout
     params = W.abstract(engine.params)
     cache = engine.cache_spec(bucket, batched=True)
@@ -316,14 +319,18 @@ def compile_batch(engine, bucket: W.Bucket):
     i32 = layout.spec(jax.ShapeDtypeStruct((), jnp.int32))
     mode = engine.decode.mode
     shapes = engine.shapes
-    run = engine.get_executable("batch", layout.jit(JIT["batch"]), (bucket, mode, shapes), lambda: (
-        (params, cache, slots, consts, layout.spec(jax.ShapeDtypeStruct((), jnp.bool_))),
-        dict(cfg=engine.cfg, window_size=bucket.window_size, mode=mode, shapes=shapes)))
-    admit = engine.get_executable("admit", layout.jit(JIT["admit"]), (bucket, shapes), lambda: (
-        (params, cache, slots, i32,
-         layout.spec(jax.ShapeDtypeStruct((bucket.prompt_bucket,), jnp.int32)), i32, consts),
-        dict(cfg=engine.cfg, window_size=bucket.window_size, capacity=bucket.capacity,
-             shapes=shapes)))
-    return run, admit
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        admit = pool.submit(
+            engine.get_executable, "admit", layout.jit(JIT["admit"]), (bucket, shapes), lambda: (
+                (params, cache, slots, i32,
+                 layout.spec(jax.ShapeDtypeStruct((bucket.prompt_bucket,), jnp.int32)), i32,
+                 consts),
+                dict(cfg=engine.cfg, window_size=bucket.window_size, capacity=bucket.capacity,
+                     shapes=shapes)))
+        run = engine.get_executable("batch", layout.jit(JIT["batch"]), (bucket, mode, shapes),
+                                    lambda: (
+            (params, cache, slots, consts, layout.spec(jax.ShapeDtypeStruct((), jnp.bool_))),
+            dict(cfg=engine.cfg, window_size=bucket.window_size, mode=mode, shapes=shapes)))
+        return run, admit.result()
 
 

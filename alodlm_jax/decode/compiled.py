@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+import threading
 import time
 from typing import Any, Callable, Sequence
 
@@ -156,6 +157,7 @@ class CompiledEngine:
         self.cache_slots = cache_slots
         self.dtype = params["embed"].dtype
         self.compile_seconds = 0.0
+        self._seconds_lock = threading.Lock()
         self._params_signature = W.signature(params)
         self._caches: dict[tuple[int, int], Any] = {}  # (batch, t_max) -> cache, reused
         self._prefill_seconds: dict[Bucket, float] = {}
@@ -197,11 +199,13 @@ class CompiledEngine:
     def get_executable(self, name: str, jitted, key: tuple, make_args: Callable):
         """The executable of program ``name`` for ``key`` from the process's bounded program store
         (shared by every engine: program, cfg, params signature, layout, bucket, mode), compiled
-        now if it is not there; compile seconds are added to :attr:`compile_seconds`."""
+        now if it is not there; compile seconds are added to :attr:`compile_seconds` (a sum: two
+        compiles may overlap, :func:`.batched.compile_batch`)."""
         full_key = ("compiled", name, self.cfg, self._params_signature, self.layout.key,
                     tuple(sorted(self.compiler_options.items()))) + key
         exe, seconds = PROGRAMS.get(full_key, jitted, make_args, self.compiler_options)
-        self.compile_seconds += seconds
+        with self._seconds_lock:  # programs may compile in two threads (batched.compile_batch)
+            self.compile_seconds += seconds
         return exe
 
     def cache_spec(self, bucket: Bucket, batched: bool):

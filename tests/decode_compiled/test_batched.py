@@ -9,6 +9,7 @@ rounding-level differences are accepted.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import jax
@@ -191,3 +192,25 @@ def test_slots_a_request_does_not_see_change_nothing(checkpoints, shapes, value)
     alone = [dirty.generate(p) for p in PROMPTS[:2]]
     together = dirty.generate_batch(PROMPTS)
     _assert_same(reference[:2] + reference, alone + together)
+
+
+def test_the_admit_program_compiles_beside_the_batch_program(checkpoints, monkeypatch):
+    """A first batch run waits for the longer of its two compiles, not their sum: the batch and
+    admit programs compile at the same time (each waits, bounded, at a barrier the other must
+    reach while it is still compiling), and the batch then decodes as single requests do."""
+    cfg, params = checkpoints.get("sandwich", 1, 24.0)
+    decode = DecodeConfig(q=0.5, tau=2.5, window_size=4, max_new_tokens=12, mode="entropy")
+    engine = CompiledEngine(cfg, params, decode, [2, 23], batch_size=2, measure_prefill=False)
+    reference = [engine.generate(p) for p in PROMPTS[:2]]
+    together = threading.Barrier(2, timeout=60)
+    compiled = []
+    get = engine.get_executable
+
+    def meeting(name, *args):
+        together.wait()  # BrokenBarrierError if the other program is not compiling meanwhile
+        compiled.append(name)
+        return get(name, *args)
+
+    monkeypatch.setattr(engine, "get_executable", meeting)
+    _assert_same(reference, engine.generate_batch(PROMPTS[:2]))
+    assert sorted(compiled) == ["admit", "batch"]
