@@ -114,7 +114,12 @@ def resolve_dtype(dtype):
 
 
 def _mm(equation: str, x: jax.Array, w: jax.Array) -> jax.Array:
-    """Einsum with fp32 accumulation, rounded once to ``x``'s dtype (a PyTorch GEMM's numerics)."""
+    """Einsum with fp32 accumulation, rounded once to ``x``'s dtype (a PyTorch GEMM's numerics).
+
+    On NVIDIA GPUs a 16-bit product asks the GEMM for its own dtype (it accumulates in fp32 and
+    rounds its result once; split-K partial sums stay fp32), so that XLA:GPU writes no fp32
+    result to read back; elsewhere the product is fp32 and cast (XLA:CPU's 16-bit-output dots
+    round otherwise)."""
     def accumulated(x, w):
         out = jnp.einsum(equation, x, w, precision=_HIGHEST, preferred_element_type=jnp.float32)
         return out.astype(x.dtype)
