@@ -104,3 +104,13 @@ def test_gpu_parity_script_on_cpu(tmp_path):
     assert "loops and branches in command buffers" in done.stdout  # --graphs (nothing on a CPU)
     assert "parity FAILED: batch 8: " in done.stdout
     assert "first-pass halting probabilities differ by up to" in done.stdout
+
+
+@pytest.mark.slow
+def test_bench_first_run_runs():
+    """scripts/bench_first_run.py: a fresh process's first batch, compiles included, reported."""
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_first_run.py"),
+                           "--batch", "2", "--max_new_tokens", "8", "--repeats", "1"],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "run 1: first generate_batch" in done.stdout and "compile seconds" in done.stdout
