@@ -58,16 +58,23 @@ def block_slots(slots: int) -> int:
     return slots
 
 
+def gpu_rows(rows: int) -> int:
+    """The window rows the GPU kernel runs on: ``rows`` padded to a power of two of at least 16
+    (Triton's tiles; the padding rows come after every real row, which sees none of them)."""
+    return max(16, 1 << (max(rows, 1) - 1).bit_length())
+
+
 def supported(backend: str, *, slots: int, n_kv: int, head_dim: int, rows: int, group: int,
               dtype) -> bool:
     """Whether the kernel compiles for ``backend`` at these shapes. TPU: lane-wide heads, and
     for 16-bit caches an even number of KV heads (read in pairs). GPU (Triton): power-of-two
-    tiles of at least 16 (the window's rows, a KV head's stacked queries, the head size) and a
-    cache of whole tiles."""
+    tiles of at least 16 (the padded window rows, :func:`gpu_rows`; a KV head's stacked queries;
+    the head size), a power-of-two query group and a cache of whole tiles."""
     if backend == "tpu":
         return head_dim % 128 == 0 and (jnp.dtype(dtype).itemsize == 4 or n_kv % 2 == 0)
-    tiles = (rows, rows * group, head_dim)
-    return slots % GPU_BLOCK_SLOTS == 0 and all(n >= 16 and n & (n - 1) == 0 for n in tiles)
+    tiles = (gpu_rows(rows) * group, head_dim)
+    return (slots % GPU_BLOCK_SLOTS == 0 and group & (group - 1) == 0
+            and all(n >= 16 and n & (n - 1) == 0 for n in tiles))
 
 
 def _heads(ref, n_kv: int) -> list:
@@ -249,6 +256,10 @@ def window_attention(q, k, v, k_all, v_all, layer, depth, start, *, backend: str
     if backend == "gpu":
         if slots % GPU_BLOCK_SLOTS:
             raise ValueError(f"the GPU kernel reads {GPU_BLOCK_SLOTS}-slot tiles: {slots} slots")
+        real, rows = rows, gpu_rows(rows)
+        if rows != real:  # zero rows after the window: no real row sees them, their outputs go
+            pad = lambda x: jnp.pad(x, ((0, 0), (0, rows - real), (0, 0), (0, 0)))  # noqa: E731
+            q, k, v = pad(q), pad(k), pad(v)
         whole = pl.no_block_spec
         # q and the output as [B, W, n_kv, group, d_h] (a reshape of [B, W, n_q, d_h], no copy).
         head_q = pl.BlockSpec((None, rows, None, group, d_h), lambda b, h: (b, 0, h, 0, 0))
@@ -264,5 +275,6 @@ def window_attention(q, k, v, k_all, v_all, layer, depth, start, *, backend: str
             # XLA:GPU keeps no cost estimate: the figures travel in the kernel's metadata.
             metadata={"bytes_accessed": str(moved), "flops": str(4 * scores * d_h)},
             cost_estimate=cost, interpret=interpret)
-        return call(*scalars, grouped, k, v, k_all, v_all).reshape(batch, rows, n_q, d_h)
+        out = call(*scalars, grouped, k, v, k_all, v_all).reshape(batch, rows, n_q, d_h)
+        return out[:, :real]
     raise ValueError(f"backend must be 'tpu' or 'gpu', not {backend!r}")

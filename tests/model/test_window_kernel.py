@@ -40,12 +40,13 @@ def _in_copy(q, k, v, k_all, v_all, layer, depth, start):
         q, k, v, k_all, v_all, start, depth)
 
 
-# Starts: no prefix, inside the first block, on a block boundary, inside the last block.
+# Starts: no prefix, inside the first block, on a block boundary, inside the last block. Rows: the
+# GPU kernel pads 8 and 5 window rows to 16 (its smallest tile).
 @pytest.mark.parametrize("starts", [(0, 5, 256), (255, 257, 500)])
 @pytest.mark.parametrize("with_depth", [True, False])
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_kernel_equals_the_xla_form_in_fp32(backend, starts, with_depth):
-    q, k, v, k_all, v_all = _operands(jnp.float32)
+@pytest.mark.parametrize("backend,rows", [("tpu", 8), ("gpu", 8), ("gpu", 5)])
+def test_kernel_equals_the_xla_form_in_fp32(backend, rows, starts, with_depth):
+    q, k, v, k_all, v_all = _operands(jnp.float32, rows=rows)
     start = jnp.asarray(starts, jnp.int32)
     depth = jnp.asarray([2, 0, 1], jnp.int32) if with_depth else None
     if not with_depth:
@@ -96,7 +97,12 @@ def test_block_sizes_and_supported_shapes():
     assert WK.supported("tpu", **dict(released, n_kv=3, dtype=jnp.float32))
     assert not WK.supported("tpu", **dict(released, n_kv=3))  # 16-bit heads read in pairs
     assert not WK.supported("tpu", **dict(released, head_dim=64))
-    assert not WK.supported("gpu", **dict(released, rows=24))  # Triton tiles: powers of two
+    # Triton's tiles are powers of two: the window's rows are padded (14 -> 16, 24 -> 32), a
+    # query group of 3 is not.
+    assert [WK.gpu_rows(n) for n in (1, 14, 16, 24, 32)] == [16, 16, 16, 32, 32]
+    assert WK.supported("gpu", **dict(released, rows=24))
+    assert WK.supported("gpu", **dict(released, rows=14, group=2, dtype=jnp.float32))
+    assert not WK.supported("gpu", **dict(released, group=3))
     assert not WK.supported("gpu", **dict(released, slots=5376 + 32))
     with pytest.raises(ValueError, match="backend must be"):
         WK.window_attention(*_operands(jnp.float32), 0, None, jnp.zeros(3, jnp.int32),

@@ -132,7 +132,7 @@ def test_every_named_target_file_loads():
 
 # The batch program evaluate runs on one TPU or GPU, at shapes the kernels support (heads of 128,
 # a window of 16 rows): each layer's attention is a Mosaic or Triton call.
-def _kernel_calls(target: str, out: str) -> dict:
+def _kernel_calls(target: str, out: str, program: str = "batch", window: int = 8) -> dict:
     import dataclasses
     import gzip
 
@@ -144,9 +144,9 @@ def _kernel_calls(target: str, out: str) -> dict:
 
     cfg = dataclasses.replace(model_config("8b", tiny=True), head_dim=128)
     record = plan(targets.load_target(target), cfg, param_specs(cfg, jnp.bfloat16),
-                  DecodeConfig(window_size=8, max_new_tokens=32), prompt_tokens=20, batch_size=2,
-                  programs=["batch"], save_hlo=out)
-    text = gzip.open(pathlib.Path(out) / "batch.hlo.gz", "rt").read()
+                  DecodeConfig(window_size=window, max_new_tokens=32), prompt_tokens=20,
+                  batch_size=2 if program == "batch" else 1, programs=[program], save_hlo=out)
+    text = gzip.open(pathlib.Path(out) / f"{program}.hlo.gz", "rt").read()
     return {"shapes": record["shapes"], "layers": cfg.num_hidden_layers,
             "tpu": text.count('custom_call_target="tpu_custom_call"'),
             "triton": text.count("xla.gpu.triton")}
@@ -176,6 +176,27 @@ def test_the_gpu_batch_program_attends_in_the_triton_kernel(tmp_path):
         result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["shapes"] == "fixed-kernel"
     # Per-layer weights on a GPU: one kernel call per layer.
+    assert result["triton"] == result["layers"] and result["tpu"] == 0
+
+
+@pytest.mark.skipif(not (HAVE_GPU or GPU_CHILD),
+                    reason="needs the aot extra (jax-cuda12-plugin, -pjrt, ptxas)")
+def test_a_single_request_attends_in_the_triton_kernel_at_any_window(tmp_path):
+    """The single-request program attends in the same kernel (a batch of one), also where the
+    window's rows are no Triton tile (window 5: 10 rows, padded to 16)."""
+    if HAVE_GPU:
+        result = _kernel_calls("h200", str(tmp_path), "single", 5)
+    else:
+        code = ("import json, sys; from test_plan_cli import _kernel_calls; "
+                "json.dump(_kernel_calls('h200', sys.argv[1], 'single', 5), sys.stdout)")
+        done = subprocess.run([sys.executable, "-c", code, str(tmp_path)],
+                              env=_gpu_child_env(pathlib.Path(__file__).parent),
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["shapes"] == "fixed-kernel"
+    # The window's prelude layers run once per window, the core and coda each pass: every layer
+    # of the program calls the kernel once.
     assert result["triton"] == result["layers"] and result["tpu"] == 0
 
 
