@@ -161,19 +161,24 @@ def test_the_tpu_batch_program_attends_in_the_mosaic_kernel(tmp_path):
     assert (result["tpu"], result["triton"]) == (3, 0)
 
 
+def _gpu_kernel_calls(out, *args) -> dict:
+    """:func:`_kernel_calls` for an H200, in a child with the plugin on its path where this
+    process has no GPU (as _run_gpu)."""
+    if HAVE_GPU:
+        return _kernel_calls("h200", str(out), *args)
+    code = ("import json, sys; from test_plan_cli import _kernel_calls; "
+            "json.dump(_kernel_calls('h200', sys.argv[1], *json.loads(sys.argv[2])), sys.stdout)")
+    done = subprocess.run([sys.executable, "-c", code, str(out), json.dumps(args)],
+                          env=_gpu_child_env(pathlib.Path(__file__).parent),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.skipif(not (HAVE_GPU or GPU_CHILD),
                     reason="needs the aot extra (jax-cuda12-plugin, -pjrt, ptxas)")
 def test_the_gpu_batch_program_attends_in_the_triton_kernel(tmp_path):
-    if HAVE_GPU:
-        result = _kernel_calls("h200", str(tmp_path))
-    else:  # in a child with the plugin on its path (as _run_gpu)
-        code = ("import json, sys; from test_plan_cli import _kernel_calls; "
-                "json.dump(_kernel_calls('h200', sys.argv[1]), sys.stdout)")
-        done = subprocess.run([sys.executable, "-c", code, str(tmp_path)],
-                              env=_gpu_child_env(pathlib.Path(__file__).parent),
-                              capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
-        result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = _gpu_kernel_calls(tmp_path)
     assert result["shapes"] == "fixed-kernel"
     # Per-layer weights on a GPU: one kernel call per layer.
     assert result["triton"] == result["layers"] and result["tpu"] == 0
@@ -184,16 +189,7 @@ def test_the_gpu_batch_program_attends_in_the_triton_kernel(tmp_path):
 def test_a_single_request_attends_in_the_triton_kernel_at_any_window(tmp_path):
     """The single-request program attends in the same kernel (a batch of one), also where the
     window's rows are no Triton tile (window 5: 10 rows, padded to 16)."""
-    if HAVE_GPU:
-        result = _kernel_calls("h200", str(tmp_path), "single", 5)
-    else:
-        code = ("import json, sys; from test_plan_cli import _kernel_calls; "
-                "json.dump(_kernel_calls('h200', sys.argv[1], 'single', 5), sys.stdout)")
-        done = subprocess.run([sys.executable, "-c", code, str(tmp_path)],
-                              env=_gpu_child_env(pathlib.Path(__file__).parent),
-                              capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
-        result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = _gpu_kernel_calls(tmp_path, "single", 5)
     assert result["shapes"] == "fixed-kernel"
     # The window's prelude layers run once per window, the core and coda each pass: every layer
     # of the program calls the kernel once.
