@@ -97,7 +97,7 @@ class ProgramStore:
         t0 = time.perf_counter()
         args, kwargs = make_args()
         lowered = jitted.lower(*args, **kwargs)
-        exe = lowered.compile(compiler_options=options) if options else lowered.compile()
+        exe = lowered.compile(compiler_options=options or None)
         seconds = time.perf_counter() - t0
         with self._lock:
             self.compiles += 1

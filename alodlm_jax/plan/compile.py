@@ -70,8 +70,16 @@ def floor_bytes(cfg, params_spec, bucket, batch: int, *, prelude: bool = True) -
     return int(weights + 2 * batch * layers * row_kv * (bucket.t_max + bucket.rows))
 
 
+def _device_memory(memory) -> int:
+    """What an executable allocates (its ``memory_analysis()``): arguments + outputs - aliased +
+    temporaries + generated code."""
+    return (int(memory.argument_size_in_bytes) + int(memory.output_size_in_bytes)
+            - int(memory.alias_size_in_bytes) + int(memory.temp_size_in_bytes)
+            + int(memory.generated_code_size_in_bytes))
+
+
 def _analyse(program: PlannedProgram, compiled, seconds: float, target, floor: int,
-             thunks: tuple[str, str] | None = None) -> dict:
+             usable: int | None, thunks: tuple[str, str] | None = None) -> dict:
     memory = compiled.memory_analysis()
     text = compiled.as_text() or ""
     module = hlo.parse(text)
@@ -83,8 +91,7 @@ def _analyse(program: PlannedProgram, compiled, seconds: float, target, floor: i
     whole = hlo.program_cost(module)
     need = fit.argument_bytes(program)
     arguments = int(memory.argument_size_in_bytes)
-    device_memory = (arguments + int(memory.output_size_in_bytes) - int(memory.alias_size_in_bytes)
-                     + int(memory.temp_size_in_bytes) + int(memory.generated_code_size_in_bytes))
+    device_memory = _device_memory(memory)
     capacity = target.capacity_bytes
     bandwidth = target.bandwidth_bytes_per_second
     record = {
@@ -101,7 +108,8 @@ def _analyse(program: PlannedProgram, compiled, seconds: float, target, floor: i
         "generated_code_bytes": int(memory.generated_code_size_in_bytes),
         "device_memory_bytes": device_memory,
         "capacity_bytes": capacity,
-        "fits": None if capacity is None else device_memory <= capacity,
+        # Against what a JAX process gets of the device (fit.usable_memory).
+        "fits": None if usable is None else device_memory <= usable,
         "batch": program.batch,
         "bytes_per_step": None if step is None else step.bytes,
         "floor_bytes_per_step": floor if program.step_depth else None,
@@ -117,6 +125,9 @@ def _analyse(program: PlannedProgram, compiled, seconds: float, target, floor: i
         record["steps_per_second"] = bandwidth / step.bytes
         record["request_passes_per_second"] = program.batch * bandwidth / step.bytes
     record.update(_launch_record(step, step_launches, target))
+    # And what it needs beyond its arguments (temporaries, outputs not aliased, generated code).
+    record["usable_bytes"] = usable
+    record["beyond_arguments_bytes"] = device_memory - need["total"]
     return record
 
 
@@ -139,7 +150,8 @@ def _launch_record(step, step_launches: dict | None, target) -> dict:
     return record
 
 
-def _refused(program: PlannedProgram, seconds: float, target, floor: int, error) -> dict:
+def _refused(program: PlannedProgram, seconds: float, target, floor: int, usable: int | None,
+             error) -> dict:
     """A program the target's compiler refused for want of memory (XLA:TPU checks its memory
     assignment against the HBM): it does not fit; ``device_memory_bytes`` is its arguments alone
     (a lower bound) and ``compile_error`` XLA's message."""
@@ -154,7 +166,7 @@ def _refused(program: PlannedProgram, seconds: float, target, floor: int, error)
                   weight_bytes=need["weights"], cache_bytes=need["cache"],
                   device_memory_bytes=arguments, capacity_bytes=target.capacity_bytes, fits=False,
                   batch=program.batch, floor_bytes_per_step=floor if program.step_depth else None,
-                  compile_error=str(error).strip().splitlines()[0])
+                  compile_error=str(error).strip().splitlines()[0], usable_bytes=usable)
     return record
 
 
@@ -239,18 +251,11 @@ def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: in
         except jax.errors.JaxRuntimeError as error:
             if "RESOURCE_EXHAUSTED" not in str(error):
                 raise
-            records.append(_refused(program, time.perf_counter() - start, target, floor, error))
-            records[-1]["usable_bytes"] = usable
+            records.append(_refused(program, time.perf_counter() - start, target, floor, usable,
+                                    error))
             continue
         seconds = time.perf_counter() - start
-        record = _analyse(program, compiled, seconds, target, floor, thunks)
-        # Against what a JAX process gets of the device (fit.usable_memory), and what the program
-        # needs beyond its arguments (temporaries, outputs not aliased, generated code).
-        record["usable_bytes"] = usable
-        record["fits"] = None if usable is None else record["device_memory_bytes"] <= usable
-        record["beyond_arguments_bytes"] = (record["device_memory_bytes"]
-                                            - fit.argument_bytes(program)["total"])
-        records.append(record)
+        records.append(_analyse(program, compiled, seconds, target, floor, usable, thunks))
         if save_hlo:
             import gzip
             import pathlib
@@ -280,10 +285,7 @@ def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: in
                 raise
             memory = None
     if memory is not None:
-        beyond["admit"] = (int(memory.argument_size_in_bytes) + int(memory.output_size_in_bytes)
-                           - int(memory.alias_size_in_bytes) + int(memory.temp_size_in_bytes)
-                           + int(memory.generated_code_size_in_bytes)
-                           - fit.argument_bytes(admit)["total"])
+        beyond["admit"] = _device_memory(memory) - fit.argument_bytes(admit)["total"]
     extra = max(beyond.values(), default=0)
     return {
         "target": target.record(),
@@ -327,7 +329,7 @@ def _compile(program: PlannedProgram, args, options: dict, *, dump: bool):
     time is part of the compile seconds). The dump's options are not part of the program."""
     lowered = program.jitted.lower(*args, **program.kwargs)
     if not dump:
-        return (lowered.compile(compiler_options=options) if options else lowered.compile()), None
+        return lowered.compile(compiler_options=options or None), None
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="alodlm-plan-") as directory:
