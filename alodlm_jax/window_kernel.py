@@ -219,7 +219,8 @@ def window_attention(q, k, v, k_all, v_all, layer, depth, start, *, backend: str
     moved = (2 * batch * slots * n_kv * d_h * item  # each request's K/V, one depth, at most
              + 2 * k.size * item + 2 * q.size * q.dtype.itemsize)
     scores = batch * n_q * rows * (slots + rows)
-    cost = pl.CostEstimate(flops=4 * scores * d_h, transcendentals=scores, bytes_accessed=moved)
+    flops = 4 * scores * d_h  # both products of every score
+    cost = pl.CostEstimate(flops=flops, transcendentals=scores, bytes_accessed=moved)
     scalars = (jnp.reshape(jnp.asarray(layer, jnp.int32), (1,)), jnp.asarray(depth, jnp.int32),
                jnp.asarray(start, jnp.int32))
     if backend == "tpu":
@@ -273,7 +274,7 @@ def window_attention(q, k, v, k_all, v_all, layer, depth, start, *, backend: str
             out_specs=head_q,
             compiler_params=pltr.CompilerParams(num_warps=4, num_stages=2),
             # XLA:GPU keeps no cost estimate: the figures travel in the kernel's metadata.
-            metadata={"bytes_accessed": str(moved), "flops": str(4 * scores * d_h)},
+            metadata={"bytes_accessed": str(moved), "flops": str(flops)},
             cost_estimate=cost, interpret=interpret)
         out = call(*scalars, grouped, k, v, k_all, v_all).reshape(batch, rows, n_q, d_h)
         return out[:, :real]

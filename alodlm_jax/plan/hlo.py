@@ -45,12 +45,11 @@ _NOT_KERNELS = {"parameter", "tuple", "get-tuple-element", "constant", "bitcast"
 _HEADER = re.compile(r"^(ENTRY\s+)?%?([^\s(]+)\s*\(.*\)\s*->\s*.*\{\s*$")
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([^\s=]+)\s*=\s*(.+?)\s+([a-z][a-z0-9\-]*)\((.*)$")
 _ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([^\]]*)\](\{[^}]*\})?")
-# What a Pallas kernel says it moves: its ``cost_estimate`` in a Mosaic (TPU) call's config, its
-# metadata in a Triton (GPU) call's (quotes escaped as \22 there).
-_KERNEL_BYTES = re.compile(r'(?:"cost_estimate":\{[^}]*|serialized_metadata = "[^"]*)'
-                           r'bytes_accessed(?:"|\\22):\s*(?:"|\\22)(\d+)')
-_KERNEL_FLOPS = re.compile(r'(?:"cost_estimate":\{[^}]*|serialized_metadata = "[^"]*)'
-                           r'flops(?:"|\\22):\s*(?:"|\\22)(\d+)')
+# What a Pallas kernel says it moves and computes: its ``cost_estimate`` in a Mosaic (TPU) call's
+# config, its metadata in a Triton (GPU) call's (quotes escaped as \22 there).
+_KERNEL_ESTIMATE = {field: re.compile(r'(?:"cost_estimate":\{[^}]*|serialized_metadata = "[^"]*)'
+                                      + field + r'(?:"|\\22):\s*(?:"|\\22)(\d+)')
+                    for field in ("bytes_accessed", "flops")}
 _ON_CHIP = re.compile(r"S\(([1-9]\d*)\)")  # a layout's memory space other than device memory
 
 
@@ -91,7 +90,8 @@ class Computation:
 class Cost:
     """``kernels`` launched and ``bytes`` their operands and results move; ``unknown`` counts the
     loops whose trip count could not be read (counted once); ``flops``: the multiply-adds (times
-    two) of the matrix products (``dot`` in a fused computation or a cuBLAS call)."""
+    two) of the matrix products (``dot`` in a fused computation or a cuBLAS call), and a Pallas
+    kernel's own estimate."""
     kernels: int = 0
     bytes: int = 0
     unknown: int = 0
@@ -199,8 +199,7 @@ class Module:
             return _dot_flops(computation, instr,
                               r'"lhs_contracting_dimensions":\[([^\]]*)\]')
         if instr.opcode == "custom-call":
-            estimate = _KERNEL_FLOPS.search(instr.attrs)
-            return int(estimate.group(1)) if estimate else 0
+            return _kernel_estimate(instr, "flops") or 0
         if instr.opcode == "fusion" and depth < 4:
             callee = self.computations.get((self.callees(instr, "calls") or [""])[0])
             if callee is not None:
@@ -220,9 +219,10 @@ class Module:
         if instr.opcode == "fusion":
             callee = self.computations.get((self.callees(instr, "calls") or [""])[0])
         if callee is None:
-            estimate = _KERNEL_BYTES.search(instr.attrs) if instr.opcode == "custom-call" else None
-            if estimate:  # a Pallas kernel's own figure (it reads parts of its operands)
-                return int(estimate.group(1))
+            estimate = (_kernel_estimate(instr, "bytes_accessed") if instr.opcode == "custom-call"
+                        else None)
+            if estimate is not None:  # a Pallas kernel's own figure (it reads parts of operands)
+                return estimate
             if instr.opcode == "copy-start":  # (destination, source alias, context): read + write
                 parts = _ARRAY.findall(instr.type_text)
                 written = _type_bytes("{}[{}]{}".format(*parts[0])) if parts else 0
@@ -344,6 +344,13 @@ def _written(computation: Computation) -> int:
                 continue
         total += _type_bytes(part.type_text)
     return total
+
+
+def _kernel_estimate(instr: Instruction, field: str) -> int | None:
+    """A Pallas kernel's own ``field`` (``bytes_accessed``, ``flops``) from its call's config or
+    metadata; None where it states none."""
+    found = _KERNEL_ESTIMATE[field].search(instr.attrs)
+    return int(found.group(1)) if found else None
 
 
 def _dot_flops(computation: Computation, instr: Instruction, contracting: str) -> int:
