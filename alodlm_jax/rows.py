@@ -60,6 +60,13 @@ def is_fixed(shapes: str) -> bool:
     return shapes != BUCKETED
 
 
+def attention(shapes: str) -> dict[str, bool]:
+    """The window forwards' attention options under ``shapes`` (``alodlm_jax.model``'s
+    ``bucketed`` and ``kernel``): attention buckets under :data:`BUCKETED`, the Pallas kernel under
+    :data:`KERNEL`."""
+    return {"bucketed": not is_fixed(shapes), "kernel": shapes == KERNEL}
+
+
 @struct.dataclass
 class RowMap:
     """The valid rows of ``B`` requests' windows packed into ``R`` matrix rows (ragged batching),

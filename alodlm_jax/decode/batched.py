@@ -101,13 +101,12 @@ def _prelude_rows(params, cache, packed, opening, prefix_limit, *, cfg, rows, sh
             h = M.embed(params, R.to_rows(packed.ids, m))
             h, k, v = M.run_window_rows(params["prelude"], cfg, h, R.to_rows(packed.positions, m), m,
                                         cache.prelude_k, cache.prelude_v, packed.start,
-                                        prefix_limit=prefix_limit, rows=rows, bucketed=not fixed,
-                                        kernel=kernel)
+                                        prefix_limit=prefix_limit, rows=rows, **attend)
             return R.from_rows(h, m, rows), (k, v)
         return run
 
     fixed = R.is_fixed(shapes)
-    kernel = shapes == R.KERNEL
+    attend = R.attention(shapes)
     return _on_rows(counts, ((0, 0),) + R.step_shapes(batch, rows, shapes), branch, cache)
 
 
@@ -126,11 +125,10 @@ def _pass_rows(params, cache, h, packed, depth, live, prefix_limit, *, cfg, rows
             positions = R.to_rows(packed.positions, m)
             h, *core_kv = M.run_window_rows(params["core"], cfg, R.to_rows(h_in, m), positions, m,
                                             cache.core_k, cache.core_v, packed.start, depth,
-                                            prefix_limit=prefix_limit, rows=rows,
-                                            bucketed=not fixed, kernel=kernel)
+                                            prefix_limit=prefix_limit, rows=rows, **attend)
             r, *coda_kv = M.run_window_rows(params["coda"], cfg, h, positions, m, cache.coda_k,
                                             cache.coda_v, packed.start, prefix_limit=prefix_limit,
-                                            rows=rows, bucketed=not fixed, kernel=kernel)
+                                            rows=rows, **attend)
             r = R.to_lanes(M.rms_norm(r, params["final_norm"], cfg.rms_norm_eps), m, rows)
             lane_packed = jax.tree_util.tree_map(lambda x: R.by_lane(x, m), packed)
             pred, entropy = jax.vmap(W.token_heads, (None, 0, 0, None))(params, r, lane_packed,
@@ -141,7 +139,7 @@ def _pass_rows(params, cache, h, packed, depth, live, prefix_limit, *, cfg, rows
         return run
 
     fixed = R.is_fixed(shapes)
-    kernel = shapes == R.KERNEL
+    attend = R.attention(shapes)
     return _on_rows(counts, R.step_shapes(batch, rows, shapes), branch, cache, h)
 
 

@@ -265,8 +265,7 @@ def prelude_rows(params, cache, packed, *, cfg, prefix_limit=None, rows_needed=N
         def run(cache):
             h = M.embed(params, packed.ids[:n])
             h, kv = M.prelude_window(params, cfg, h, packed.positions[:n], cache, packed.start,
-                                     prefix_limit=prefix_limit, bucketed=not R.is_fixed(shapes),
-                                     kernel=shapes == R.KERNEL)
+                                     prefix_limit=prefix_limit, **R.attention(shapes))
             return _pad_rows(h, rows), _pad_kv(kv, rows)
         return run
 
@@ -291,8 +290,7 @@ def window_pass(params, cache, h, packed, pst, depth, q, tau, *, cfg, mode, pref
     def branch(n):
         def run(cache, h_in):
             positions = packed.positions[:n]
-            attend = dict(prefix_limit=prefix_limit, bucketed=not R.is_fixed(shapes),
-                          kernel=shapes == R.KERNEL)
+            attend = dict(prefix_limit=prefix_limit, **R.attention(shapes))
             h, core_kv = M.core_window(params, cfg, h_in[:n], positions, cache, packed.start, depth,
                                        **attend)
             r, coda_kv = M.readout_window(params, cfg, h, positions, cache, packed.start, **attend)
