@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -55,7 +56,7 @@ def main(argv=None) -> int:
     parser.add_argument("--max_new_tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args(argv)
-    root = str(__import__("pathlib").Path(__file__).resolve().parents[1])
+    root = str(pathlib.Path(__file__).resolve().parents[1])
     settings = dict(shape=args.shape, tiny=not args.full_shapes, batch=args.batch,
                     dtype=args.dtype, window_size=args.window_size,
                     prompt_tokens=args.prompt_tokens, max_new_tokens=args.max_new_tokens)

@@ -75,6 +75,11 @@ def pass_bytes(params) -> int:
     return int(sum(x.size * x.dtype.itemsize for x in leaves))
 
 
+def ms_per_pass(out) -> float:
+    """A single request's decode time per recurrent pass, its prefill left out (ms)."""
+    return 1e3 * (out.wall_seconds - out.prefill_seconds) / max(out.recurrent_passes, 1)
+
+
 def batch_sweep(cfg, params, batches, args) -> bool:
     """Suite tokens/s of continuous batching at each batch size against one request at a time
     (the same 2 * max(batches) prompts, entropy mode), and per step: measured ms against XLA's
@@ -99,15 +104,14 @@ def batch_sweep(cfg, params, batches, args) -> bool:
         tokens = sum(len(o.token_ids) for o in outs)
         # The engine's own count of the batch program's steps and the seconds its runs took.
         steps, run_seconds = engine.last_batch_steps, engine.last_batch_seconds
+        ms_step = 1e3 * run_seconds / max(steps, 1)
         same = all(a.token_ids == o.token_ids for a, o in zip(alone, outs))
         if graphs:  # the same program as the defaults' just measured: its tokens
             same = [o.token_ids for o in outs] == defaults
-            print(f"  batch {b:>3} graphs: {tokens / wall:9.1f} tok/s  "
-                  f"{1e3 * run_seconds / max(steps, 1):7.3f} ms/step ({steps} steps); same tokens "
-                  f"as XLA's defaults: {same}", flush=True)
+            print(f"  batch {b:>3} graphs: {tokens / wall:9.1f} tok/s  {ms_step:7.3f} ms/step "
+                  f"({steps} steps); same tokens as XLA's defaults: {same}", flush=True)
             same_all &= same
-            print_plan(cfg, params, decode, args, b, "batch",
-                       measured_ms=1e3 * run_seconds / max(steps, 1),
+            print_plan(cfg, params, decode, args, b, "batch", measured_ms=ms_step,
                        measured_compile=engine.compile_seconds, command_buffers="graphs")
             continue
         defaults = [o.token_ids for o in outs]
@@ -116,12 +120,12 @@ def batch_sweep(cfg, params, batches, args) -> bool:
                              shapes=engine.shapes)
         floor_ms = 1e3 * cost["bytes_moved"] / HBM_BYTES_PER_SECOND
         print(f"  batch {b:>3}: {tokens / wall:9.1f} tok/s (x{tokens / wall / base:5.2f} one at a "
-              f"time)  {1e3 * run_seconds / max(steps, 1):7.3f} ms/step ({steps} steps); XLA step: "
+              f"time)  {ms_step:7.3f} ms/step ({steps} steps); XLA step: "
               f"{cost['bytes_moved'] / 1e9:.3f} GB moved (floor {cost['floor_bytes'] / 1e9:.3f}, "
               f"x{cost['moved_over_floor']:.2f}) -> {floor_ms:.3f} ms at 4.8 TB/s; "
               f"{cost['flops'] / 1e9:.0f} GFLOP; same tokens: {same}; shapes {engine.shapes}",
               flush=True)
-        print_plan(cfg, params, decode, args, b, "batch", measured_ms=1e3 * run_seconds / max(steps, 1),
+        print_plan(cfg, params, decode, args, b, "batch", measured_ms=ms_step,
                    measured_compile=engine.compile_seconds)
     return same_all
 
@@ -174,8 +178,7 @@ def main() -> int:
                 engine.generate(prompt)  # warmup: compiles
                 out = engine.generate(prompt)
                 tokens[label] = out.token_ids
-                passes = max(out.recurrent_passes, 1)
-                ms_pass = 1e3 * (out.wall_seconds - out.prefill_seconds) / passes
+                ms_pass = ms_per_pass(out)
                 print(f"  {mode:<8}{label:<10} {len(out.token_ids) / out.wall_seconds:9.1f} tok/s  "
                       f"{ms_pass:8.3f} ms/pass (x{ms_pass / roofline_ms:.1f} roofline)  "
                       f"passes {out.recurrent_passes:4d}  windows {out.outer_steps:4d}  "
@@ -189,7 +192,7 @@ def main() -> int:
                     graphs = CompiledEngine(cfg, params, decode, [], graphs=True)
                     graphs.generate(prompt)
                     g = graphs.generate(prompt)
-                    g_ms = 1e3 * (g.wall_seconds - g.prefill_seconds) / max(g.recurrent_passes, 1)
+                    g_ms = ms_per_pass(g)
                     same_graphs = g.token_ids == out.token_ids
                     ok &= same_graphs
                     print(f"  {mode:<8}{'graphs':<10} {len(g.token_ids) / g.wall_seconds:9.1f} "
