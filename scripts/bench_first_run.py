@@ -56,6 +56,9 @@ def main(argv=None) -> int:
     parser.add_argument("--max_new_tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args(argv)
+    for flag in ("batch", "window_size", "prompt_tokens", "max_new_tokens", "repeats"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag} must be at least 1, not {getattr(args, flag)}")
     root = str(pathlib.Path(__file__).resolve().parents[1])
     settings = dict(shape=args.shape, tiny=not args.full_shapes, batch=args.batch,
                     dtype=args.dtype, window_size=args.window_size,
