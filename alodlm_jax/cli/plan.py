@@ -159,8 +159,11 @@ def format_plan(record: dict) -> str:
                             f"; {p['kernels_outside_command_buffers']} kernels launched outside "
                             f"command buffers, {p['command_buffer_launches']} command buffers, "
                             f"{p['host_syncs']} host syncs")
+                few = p.get("few_programs_seconds") or 0
+                few = (f"; {1e3 * few:.3f} ms of it kernels of few programs below the bandwidth"
+                       if few else "")
                 lines.append(f"    predicted step {1e3 * p['predicted_step_seconds']:.3f} ms "
-                             f"({(p.get('flops_per_step') or 0) / 1e12:.3f} TFLOP){launched}")
+                             f"({(p.get('flops_per_step') or 0) / 1e12:.3f} TFLOP){launched}{few}")
     lines.append(f"largest batch that fits: {record['max_batch_size']} (from "
                  f"{record['max_batch_size_basis']})")
     return "\n".join(lines) + "\n"

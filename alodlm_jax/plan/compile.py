@@ -133,7 +133,7 @@ def _analyse(program: PlannedProgram, compiled, seconds: float, target, floor: i
 
 LAUNCH_KEYS = ("flops_per_step", "kernels_outside_command_buffers", "command_buffer_launches",
                "kernels_in_command_buffers", "host_syncs", "step_in_command_buffer",
-               "predicted_step_seconds")
+               "few_programs_seconds", "predicted_step_seconds")
 
 
 def _launch_record(step, step_launches: dict | None, target) -> dict:
@@ -144,9 +144,12 @@ def _launch_record(step, step_launches: dict | None, target) -> dict:
     record["flops_per_step"] = step.flops
     if step_launches is not None:
         record.update({k: step_launches[k] for k in LAUNCH_KEYS if k in step_launches})
+    bandwidth = target.bandwidth_bytes_per_second
+    if bandwidth:
+        record["few_programs_seconds"] = launches.few_programs_seconds(step.few_programs, bandwidth)
     record["predicted_step_seconds"] = launches.predicted_step_seconds(
-        step.bytes, step.flops, step_launches, step.kernels, target.bandwidth_bytes_per_second,
-        getattr(target, "matrix_flops_per_second", None))
+        step.bytes, step.flops, step_launches, step.kernels, bandwidth,
+        getattr(target, "matrix_flops_per_second", None), step.few_programs)
     return record
 
 

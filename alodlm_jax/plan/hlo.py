@@ -49,7 +49,7 @@ _ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([^\]]*)\](\{[^}]*\})?")
 # config, its metadata in a Triton (GPU) call's (quotes escaped as \22 there).
 _KERNEL_ESTIMATE = {field: re.compile(r'(?:"cost_estimate":\{[^}]*|serialized_metadata = "[^"]*)'
                                       + field + r'(?:"|\\22):\s*(?:"|\\22)(\d+)')
-                    for field in ("bytes_accessed", "flops")}
+                    for field in ("bytes_accessed", "flops", "programs")}
 _ON_CHIP = re.compile(r"S\(([1-9]\d*)\)")  # a layout's memory space other than device memory
 
 
@@ -91,18 +91,23 @@ class Cost:
     """``kernels`` launched and ``bytes`` their operands and results move; ``unknown`` counts the
     loops whose trip count could not be read (counted once); ``flops``: the multiply-adds (times
     two) of the matrix products (``dot`` in a fused computation or a cuBLAS call), and a Pallas
-    kernel's own estimate."""
+    kernel's own estimate; ``few_programs``: ``(bytes, programs)`` of each kernel whose metadata
+    states its grid's programs (a Pallas GPU kernel; its runs' bytes summed), which
+    :func:`alodlm_jax.plan.launches.predicted_step_seconds` may not see reach the bandwidth."""
     kernels: int = 0
     bytes: int = 0
     unknown: int = 0
     flops: int = 0
+    few_programs: tuple = ()
 
     def __add__(self, other: "Cost") -> "Cost":
         return Cost(self.kernels + other.kernels, self.bytes + other.bytes,
-                    self.unknown + other.unknown, self.flops + other.flops)
+                    self.unknown + other.unknown, self.flops + other.flops,
+                    self.few_programs + other.few_programs)
 
     def times(self, n: int) -> "Cost":
-        return Cost(self.kernels * n, self.bytes * n, self.unknown * n, self.flops * n)
+        return Cost(self.kernels * n, self.bytes * n, self.unknown * n, self.flops * n,
+                    tuple((b * n, p) for b, p in self.few_programs))
 
 
 def _split_operands(rest: str) -> tuple[tuple[str, ...], str]:
@@ -185,8 +190,10 @@ class Module:
                         if c in self.computations), Cost())
         if instr.opcode in _NOT_KERNELS:
             return Cost()
-        return Cost(kernels=1, bytes=self.kernel_bytes(computation, instr),
-                    flops=self.kernel_flops(computation, instr))
+        moved = self.kernel_bytes(computation, instr)
+        programs = _kernel_estimate(instr, "programs") if instr.opcode == "custom-call" else None
+        return Cost(kernels=1, bytes=moved, flops=self.kernel_flops(computation, instr),
+                    few_programs=((moved, programs),) if programs else ())
 
     def kernel_flops(self, computation: Computation, instr: Instruction, depth: int = 0) -> int:
         """Twice the multiply-adds of the matrix products a kernel runs: a ``dot`` (2 x its

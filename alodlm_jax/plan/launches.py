@@ -34,16 +34,19 @@ import pathlib
 import re
 
 __all__ = ["Launches", "Thunk", "parse_thunks", "read_dump", "step_launches",
-           "predicted_step_seconds", "TIME_MODEL"]
+           "predicted_step_seconds", "few_programs_seconds", "TIME_MODEL"]
 
 # The step-time model, in seconds (docs/plan.md). ``kernel``: what each kernel of a step adds to
 # the time its bytes or FLOPs take (its ramp, tail and the gap to the next one, inside a graph or
 # not): fitted to the first H200 measurement, the 1.7B at batch 1 (2.15 ms per pass, 1.00 ms of
 # it the plan's bytes at 4.8 TB/s, 639 kernels in one graph per pass). ``launch``: a kernel the
 # host launches one by one, ``graph``: a graph launch, ``sync``: a device-to-host read the next
-# launch waits for. The last three are assumed, not yet measured (scripts/gpu_check.sh prints the
-# prediction beside the measured step).
-TIME_MODEL = {"kernel": 1.75e-6, "launch": 3e-6, "graph": 10e-6, "sync": 20e-6}
+# launch waits for. ``program``: the bytes per second one program (thread block) of a Pallas GPU
+# kernel reads from device memory: what it keeps in flight (a 64-slot tile of K and of V, two
+# stages: 64 KB) over a load's latency (about 0.6 us), so that a grid of 8 programs reads at 0.8
+# TB/s, not the device's 4.8. The last four are assumed, not yet measured (scripts/gpu_check.sh
+# prints the prediction beside the measured step, and the attention kernel's rate at 8 programs).
+TIME_MODEL = {"kernel": 1.75e-6, "launch": 3e-6, "graph": 10e-6, "sync": 20e-6, "program": 100e9}
 
 _THUNK = re.compile(r"^(\s*)(\d+):\s+(k\w+)\s*(?:\[[^\]]*\])?\s*(.*)$")
 _MARKER = re.compile(r"^(\s*)(condition|body|branch_\d+|true_branch|false_branch):\s*$")
@@ -206,16 +209,19 @@ def step_launches(module, step_loop_name: str | None, sequence: str, metadata: s
 
 
 def predicted_step_seconds(bytes_per_step, flops_per_step, launches: dict | None, kernels: int,
-                           bandwidth, matrix_flops) -> float | None:
+                           bandwidth, matrix_flops, few_programs=()) -> float | None:
     """The step time the plan predicts: the longer of its bytes at ``bandwidth`` and its FLOPs at
-    ``matrix_flops`` (bytes alone where the rate is unknown), plus :data:`TIME_MODEL`'s cost of
-    each kernel, launch, graph launch and host sync (``launches`` from :func:`step_launches`;
-    without it, ``kernels`` each launched by the host). None without a bandwidth."""
+    ``matrix_flops`` (bytes alone where the rate is unknown), plus the time its kernels of few
+    programs (:func:`few_programs_seconds`) take beyond their bytes at the bandwidth, plus
+    :data:`TIME_MODEL`'s cost of each kernel, launch, graph launch and host sync (``launches``
+    from :func:`step_launches`; without it, ``kernels`` each launched by the host). None without
+    a bandwidth."""
     if not bandwidth or bytes_per_step is None:
         return None
     floor = bytes_per_step / bandwidth
     if matrix_flops and flops_per_step:
         floor = max(floor, flops_per_step / matrix_flops)
+    floor += few_programs_seconds(few_programs, bandwidth)
     m = TIME_MODEL
     if launches is None:
         return floor + kernels * (m["kernel"] + m["launch"])
@@ -223,3 +229,13 @@ def predicted_step_seconds(bytes_per_step, flops_per_step, launches: dict | None
                      + launches["kernels_in_command_buffers"]) * m["kernel"]
             + launches["kernels_outside_command_buffers"] * m["launch"]
             + launches["command_buffer_launches"] * m["graph"] + launches["host_syncs"] * m["sync"])
+
+
+def few_programs_seconds(few_programs, bandwidth) -> float:
+    """What kernels of few programs add to a step: each ``(bytes, programs)`` (a Pallas GPU
+    kernel's runs, :class:`alodlm_jax.plan.hlo.Cost`) read at ``programs`` times
+    :data:`TIME_MODEL`'s ``program`` rate where that is below ``bandwidth``, less the time its
+    bytes take at the bandwidth (counted in the step's bytes already)."""
+    rate = TIME_MODEL["program"]
+    return sum(max(0.0, moved / min(bandwidth, programs * rate) - moved / bandwidth)
+               for moved, programs in few_programs)

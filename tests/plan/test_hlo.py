@@ -219,6 +219,42 @@ def test_a_pallas_kernel_is_charged_its_own_estimate_other_custom_calls_their_op
     assert module.kernel_flops(entry, entry.by_name["other"]) == 0
 
 
+TRITON_LOOP = r"""HloModule jit_t
+
+%body (p: (s32[], bf16[8,128])) -> (s32[], bf16[8,128]) {
+  %p = (s32[], bf16[8,128]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = bf16[8,128]{1,0} get-tuple-element(%p), index=1
+  %triton = bf16[8,128]{1,0} custom-call(%x), custom_call_target="__gpu$xla.gpu.triton", backend_config={"name":"k","serialized_metadata = "{\22bytes_accessed\22: \22512\22, \22flops\22: \2264\22, \22programs\22: \228\22}"}
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  ROOT %t = (s32[], bf16[8,128]{1,0}) tuple(%next, %triton)
+}
+
+%cond (p: (s32[], bf16[8,128])) -> pred[] {
+  %p = (s32[], bf16[8,128]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(3)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+ENTRY %main (x: bf16[8,128]) -> (s32[], bf16[8,128]) {
+  %x = bf16[8,128]{1,0} parameter(0)
+  %zero = s32[] constant(0)
+  %init = (s32[], bf16[8,128]{1,0}) tuple(%zero, %x)
+  ROOT %loop = (s32[], bf16[8,128]{1,0}) while(%init), condition=%cond, body=%body
+}
+"""
+
+
+def test_a_gpu_kernel_states_its_programs_and_a_loop_counts_its_runs():
+    """A Triton kernel's metadata gives its bytes, FLOPs and programs (its grid); run 3 times by
+    a loop, its bytes at 8 programs are 3 runs' (the plan's few-programs term)."""
+    cost = hlo.program_cost(hlo.parse(TRITON_LOOP))
+    assert cost.flops == 3 * 64  # the loop's add and compare (scalars) do no products
+    assert cost.few_programs == ((3 * 512, 8),)  # nor state programs
+
+
 def test_a_step_counts_the_flops_of_its_products_as_often_as_they_run():
     step = hlo.step_cost(hlo.parse(MODULE))
     assert step.flops == 28 * 2 * 8 * 1024 * 1024  # the layer loop's fused dot, 28 times

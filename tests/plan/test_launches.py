@@ -123,6 +123,22 @@ def test_the_predicted_step_adds_each_launch_to_the_longer_of_bytes_and_flops():
     assert launches.predicted_step_seconds(4e9, 0, step, 12, None, None) is None
 
 
+def test_a_kernel_of_few_programs_reads_at_their_rate_not_the_bandwidth():
+    """A Pallas GPU kernel's runs (bytes, programs): below the bandwidth, their bytes take
+    bytes / (programs x TIME_MODEL's per-program rate); the step's bytes already count them at
+    the bandwidth, so only the difference is added. At or above the bandwidth, nothing."""
+    rate = launches.TIME_MODEL["program"]
+    bandwidth = 40 * rate
+    few = ((4e8, 8), (2e8, 8), (1e9, 128))  # two runs of 8 programs, one of 128 (> 40)
+    extra = 6e8 / (8 * rate) - 6e8 / bandwidth
+    assert launches.few_programs_seconds(few, bandwidth) == pytest.approx(extra)
+    assert launches.few_programs_seconds((), bandwidth) == 0
+    assert launches.predicted_step_seconds(4e9, 0, None, 0, bandwidth, None, few) == \
+        pytest.approx(4e9 / bandwidth + extra)
+    module = hlo.parse(MODULE)
+    assert hlo.program_cost(module).few_programs == ()  # no kernel states its programs
+
+
 def test_graphs_put_loops_and_branches_in_command_buffers_on_a_gpu_only(monkeypatch):
     monkeypatch.delenv("XLA_FLAGS", raising=False)
     # The engine's own options: XLA's defaults everywhere.
