@@ -19,13 +19,17 @@ online softmax:
   rows two heads at a time as 32-bit words, as JAX's ragged paged attention does).
 * GPU (Triton): grid ``(B, n_kv)``; a program loops over its request's prefix in tiles of
   :data:`GPU_BLOCK_SLOTS` slots of one head, loaded from the cache at the request's layer and
-  depth.
+  depth. A small batch makes too few programs to read at the device's bandwidth (one request of
+  the released models: 8, on 132 SMs), so there each prefix is walked in parts (flash-decoding,
+  :func:`gpu_splits`): grid ``(B, n_kv, splits)``, each program one run of the prefix's tiles,
+  writing its unnormalized output, maximum and sum in fp32; a second kernel combines them.
 
 Numerics: scores, the running maximum and sums and the output accumulation in fp32, products of
 fp32 operands at ``Precision.HIGHEST``, as :func:`alodlm_jax.attention.attend` does; the
 unnormalized probabilities are cast to the value dtype before their product with V (the XLA form
-casts the normalized ones) and the sum is taken in another order, so in fp32 the two agree to
-rounding (tested) and in bf16 to bf16's resolution.
+casts the normalized ones) and the sum is taken in another order (the GPU's parts: summed per
+part, then across parts), so in fp32 the two agree to rounding (tested) and in bf16 to bf16's
+resolution.
 The CPU never runs these kernels (its programs keep the XLA form); tests run both in Pallas's
 interpreter, and compile them for a TPU and a GPU without either.
 """
@@ -42,6 +46,11 @@ from jax.experimental.pallas import triton as pltr
 
 _NEG_INF = -1e30  # as attention's _NEG_INF: masked scores' exp underflows to exactly 0
 GPU_BLOCK_SLOTS = 64  # cache slots per tile of the GPU kernel's loop (the FIXED cache: multiples)
+# The programs the GPU kernel's grid aims for (gpu_splits): at the rate the plan assumes one
+# program reads (alodlm_jax.plan.launches.TIME_MODEL, 100 GB/s), 64 read 6.4 TB/s, above an
+# H200's 4.8 TB/s; one request of the released models is 8.
+GPU_PROGRAMS = 64
+GPU_RUN_BLOCKS = 4  # the fewest blocks a part of a split prefix walks (_runs)
 
 
 def _precision(dtype):
@@ -62,6 +71,18 @@ def gpu_rows(rows: int) -> int:
     """The window rows the GPU kernel runs on: ``rows`` padded to a power of two of at least 16
     (Triton's tiles; the padding rows come after every real row, which sees none of them)."""
     return max(16, 1 << (max(rows, 1) - 1).bit_length())
+
+
+def gpu_splits(batch: int, n_kv: int, slots: int) -> int:
+    """The parts the GPU kernel splits each request's prefix into (flash-decoding): one program
+    per request and KV head is ``batch * n_kv`` programs, 8 for one request of the released
+    models on a GPU of 108-148 SMs, too few to read at the device's bandwidth; so the smallest
+    power of two that makes at least :data:`GPU_PROGRAMS` of them, at most the cache's tiles. 1
+    (no parts, no combining) where the batch alone makes that many."""
+    want, splits = -(-GPU_PROGRAMS // (batch * n_kv)), 1
+    while splits < want and 2 * splits <= max(slots // GPU_BLOCK_SLOTS, 1):
+        splits *= 2
+    return splits
 
 
 def supported(backend: str, *, slots: int, n_kv: int, head_dim: int, rows: int, group: int,
@@ -166,12 +187,18 @@ def _tpu_kernel(layer_ref, depth_ref, start_ref, q_ref, kw_ref, vw_ref, k_ref, v
             o_ref[h] = (acc_ref[h] / l_ref[h]).astype(o_ref.dtype)
 
 
-def _gpu_kernel(layer_ref, depth_ref, start_ref, q_ref, kw_ref, vw_ref, k_ref, v_ref, o_ref, *,
-                bs: int, rows: int):
+def _gpu_kernel(layer_ref, depth_ref, start_ref, q_ref, kw_ref, vw_ref, k_ref, v_ref, *out_refs,
+                bs: int, rows: int, splits: int):
     """Grid ``(B, n_kv)``: one program per request and KV head loops over the blocks of the
     request's prefix, loading each from the cache at its layer and depth (a strided tile), then
     its window. The head's queries ``[rows, group, d_h]`` are stacked row-major (row ``a * group
-    + j``), so that they arrive and leave in the layer's own ``[B, W, n_q, d_h]`` layout."""
+    + j``), so that they arrive and leave in the layer's own ``[B, W, n_q, d_h]`` layout.
+
+    ``splits > 1`` (grid ``(B, n_kv, splits)``, :func:`gpu_splits`): the prefix's blocks are
+    cut in runs (:func:`_runs`); program ``p`` walks the ``p``-th (the last one also the window)
+    and writes its unnormalized part, running maximum and sum (``out_refs``: acc ``[g, d_h]``, m
+    and l ``[g]``, fp32) for :func:`_gpu_combine_kernel`; a program past the runs writes
+    nothing."""
     b = pl.program_id(0)
     h = pl.program_id(1)
     start = start_ref[b]
@@ -191,14 +218,62 @@ def _gpu_kernel(layer_ref, depth_ref, start_ref, q_ref, kw_ref, vw_ref, k_ref, v
 
     carry = (jnp.full((g, 1), _NEG_INF, jnp.float32), jnp.zeros((g, 1), jnp.float32),
              jnp.zeros((g, d_h), jnp.float32))
-    carry = jax.lax.fori_loop(0, pl.cdiv(start, bs), block, carry)
-    _, l, acc = _online(carry, _scores(q, kw_ref[...], _window_mask(g, rows, group)),
-                        vw_ref[...].astype(q.dtype))
-    o_ref[...] = (acc / l).astype(o_ref.dtype).reshape(o_ref.shape)
+    tiles = pl.cdiv(start, bs)
+    window = _window_mask(g, rows, group)
+    if splits == 1:
+        carry = jax.lax.fori_loop(0, tiles, block, carry)
+        _, l, acc = _online(carry, _scores(q, kw_ref[...], window), vw_ref[...].astype(q.dtype))
+        (o_ref,) = out_refs
+        o_ref[...] = (acc / l).astype(o_ref.dtype).reshape(o_ref.shape)
+        return
+    part = pl.program_id(2)
+    run, used = _runs(start, bs, splits)
+    acc_ref, m_ref, l_ref = out_refs
+
+    @pl.when(part < used)
+    def _():
+        walked = jax.lax.fori_loop(part * run, jnp.minimum((part + 1) * run, tiles), block, carry)
+        m, l, acc = _online(walked, _scores(q, kw_ref[...], window & (part == used - 1)),
+                            vw_ref[...].astype(q.dtype))
+        acc_ref[...] = acc
+        m_ref[...] = m.reshape(g)
+        l_ref[...] = l.reshape(g)
+
+
+def _runs(start, bs: int, splits: int):
+    """How the split GPU kernel cuts a prefix of ``start`` slots: runs of ``run`` blocks of
+    ``bs`` slots (an equal share of ``splits``, at least :data:`GPU_RUN_BLOCKS`: a short prefix
+    is cut in fewer, so that the parts written and combined follow the prefix, not the grid), of
+    which the first ``used`` (at least one, for the window) cover the prefix."""
+    tiles = pl.cdiv(start, bs)
+    run = jnp.maximum(pl.cdiv(tiles, splits), GPU_RUN_BLOCKS)
+    return run, jnp.maximum(pl.cdiv(tiles, run), 1)
+
+
+def _gpu_combine_kernel(start_ref, acc_ref, m_ref, l_ref, o_ref, *, bs: int, splits: int):
+    """Grid ``(B, n_kv, chunks)``: the output of a request's KV head's ``c``-th chunk of window
+    rows from the split kernel's parts (acc ``[splits, g / chunks, d_h]``, m and l ``[splits, g /
+    chunks]``; the first ``used`` written, :func:`_runs`), added one part at a time, rescaled to
+    the running maximum as flash attention's online softmax rescales a block."""
+    g, d_h = acc_ref.shape[1:]
+    _, used = _runs(start_ref[pl.program_id(0)], bs, splits)
+
+    def part(p, carry):
+        top, total, norm = carry
+        m = m_ref[p, :]
+        new = jnp.maximum(top, m)
+        old, weight = jnp.exp(top - new), jnp.exp(m - new)
+        return (new, old[:, None] * total + weight[:, None] * acc_ref[p, :, :],
+                old * norm + weight * l_ref[p, :])
+
+    _, total, norm = jax.lax.fori_loop(
+        0, used, part, (jnp.full((g,), _NEG_INF, jnp.float32), jnp.zeros((g, d_h), jnp.float32),
+                        jnp.zeros((g,), jnp.float32)))
+    o_ref[...] = (total / norm[:, None]).astype(o_ref.dtype).reshape(o_ref.shape)
 
 
 def window_attention(q, k, v, k_all, v_all, layer, depth, start, *, backend: str = "tpu",
-                     interpret: bool = False):
+                     interpret: bool = False, splits: int | None = None):
     """Each request's window attention over its prefix in the batch's cache and its window.
 
     q ``[B, W, n_q, d_h]`` (the lanes' queries), k/v ``[B, W, n_kv, d_h]`` (the window's K/V),
@@ -206,7 +281,8 @@ def window_attention(q, k, v, k_all, v_all, layer, depth, start, *, backend: str
     scalar, ``depth`` int32 ``[B]`` (None without a depth axis), ``start`` int32 ``[B]``. Returns
     ``[B, W, n_q, d_h]`` in q's dtype: ``jax.vmap(attention.attend_in_copy)`` of the same (module
     docstring). ``backend``: ``"tpu"`` (Mosaic) or ``"gpu"`` (Triton); ``interpret``: run it in
-    Pallas's interpreter (any platform)."""
+    Pallas's interpreter (any platform); ``splits``: the GPU kernel's parts of each prefix
+    (:func:`gpu_splits` where None; the TPU kernel walks the prefix in one part)."""
     batch, rows, n_q, d_h = q.shape
     n_kv = k.shape[2]
     group = n_q // n_kv
@@ -216,11 +292,10 @@ def window_attention(q, k, v, k_all, v_all, layer, depth, start, *, backend: str
     slots = k_all.shape[3]
     g = group * rows
     item = jnp.dtype(k_all.dtype).itemsize
-    moved = (2 * batch * slots * n_kv * d_h * item  # each request's K/V, one depth, at most
-             + 2 * k.size * item + 2 * q.size * q.dtype.itemsize)
+    # Read: each request's K/V (one depth, at most), its window's K/V and queries.
+    read = 2 * batch * slots * n_kv * d_h * item + 2 * k.size * item + q.size * q.dtype.itemsize
     scores = batch * n_q * rows * (slots + rows)
     flops = 4 * scores * d_h  # both products of every score
-    cost = pl.CostEstimate(flops=flops, transcendentals=scores, bytes_accessed=moved)
     scalars = (jnp.reshape(jnp.asarray(layer, jnp.int32), (1,)), jnp.asarray(depth, jnp.int32),
                jnp.asarray(start, jnp.int32))
     if backend == "tpu":
@@ -239,6 +314,8 @@ def window_attention(q, k, v, k_all, v_all, layer, depth, start, *, backend: str
         cache_spec = pl.BlockSpec((None, None, None, bs, n_kv, d_h), cache_block)
         window_spec = pl.BlockSpec((None, rows, n_kv, d_h), per_request)
         q_spec = pl.BlockSpec((None, n_kv, g, d_h), per_request)
+        moved = read + q.size * q.dtype.itemsize
+        cost = pl.CostEstimate(flops=flops, transcendentals=scores, bytes_accessed=moved)
         call = pl.pallas_call(
             functools.partial(_tpu_kernel, bs=bs, rows=rows),
             out_shape=jax.ShapeDtypeStruct(qg.shape, q.dtype),
@@ -261,21 +338,54 @@ def window_attention(q, k, v, k_all, v_all, layer, depth, start, *, backend: str
         if rows != real:  # zero rows after the window: no real row sees them, their outputs go
             pad = lambda x: jnp.pad(x, ((0, 0), (0, rows - real), (0, 0), (0, 0)))  # noqa: E731
             q, k, v = pad(q), pad(k), pad(v)
+        splits = gpu_splits(batch, n_kv, slots) if splits is None else splits
+        g = group * rows
         whole = pl.no_block_spec
         # q and the output as [B, W, n_kv, group, d_h] (a reshape of [B, W, n_q, d_h], no copy).
-        head_q = pl.BlockSpec((None, rows, None, group, d_h), lambda b, h: (b, 0, h, 0, 0))
-        head_window = pl.BlockSpec((None, rows, None, d_h), lambda b, h: (b, 0, h, 0))
+        head_q = pl.BlockSpec((None, rows, None, group, d_h), lambda b, h, *_: (b, 0, h, 0, 0))
+        head_window = pl.BlockSpec((None, rows, None, d_h), lambda b, h, *_: (b, 0, h, 0))
         grouped = q.reshape(batch, rows, n_kv, group, d_h)
+        if splits == 1:
+            out_shape, out_specs = jax.ShapeDtypeStruct(grouped.shape, q.dtype), head_q
+            written = q.size * q.dtype.itemsize
+        else:
+            part = lambda *shape: pl.BlockSpec((None, None, None) + shape,  # noqa: E731
+                                               lambda b, h, p: (b, h, p) + (0,) * len(shape))
+            out_shape = (jax.ShapeDtypeStruct((batch, n_kv, splits, g, d_h), jnp.float32),
+                         jax.ShapeDtypeStruct((batch, n_kv, splits, g), jnp.float32),
+                         jax.ShapeDtypeStruct((batch, n_kv, splits, g), jnp.float32))
+            out_specs = (part(g, d_h), part(g), part(g))
+            written = sum(4 * s.size for s in out_shape)
+        # XLA:GPU keeps no cost estimate: the figures travel in the kernel's metadata.
+        moved = read + written
         call = pl.pallas_call(
-            functools.partial(_gpu_kernel, bs=GPU_BLOCK_SLOTS, rows=rows),
-            out_shape=jax.ShapeDtypeStruct(grouped.shape, q.dtype),
-            grid=(batch, n_kv),
+            functools.partial(_gpu_kernel, bs=GPU_BLOCK_SLOTS, rows=rows, splits=splits),
+            out_shape=out_shape,
+            grid=(batch, n_kv) if splits == 1 else (batch, n_kv, splits),
             in_specs=[whole, whole, whole, head_q, head_window, head_window, whole, whole],
-            out_specs=head_q,
+            out_specs=out_specs,
             compiler_params=pltr.CompilerParams(num_warps=4, num_stages=2),
-            # XLA:GPU keeps no cost estimate: the figures travel in the kernel's metadata.
-            metadata={"bytes_accessed": str(moved), "flops": str(flops)},
-            cost_estimate=cost, interpret=interpret)
-        out = call(*scalars, grouped, k, v, k_all, v_all).reshape(batch, rows, n_q, d_h)
-        return out[:, :real]
+            metadata={"bytes_accessed": str(moved), "flops": str(flops),
+                      "programs": str(batch * n_kv * splits)},
+            cost_estimate=pl.CostEstimate(flops=flops, transcendentals=scores,
+                                          bytes_accessed=moved),
+            interpret=interpret)
+        out = call(*scalars, grouped, k, v, k_all, v_all)
+        if splits > 1:
+            # As many programs: each combines the parts of rows / chunks window rows.
+            chunks = min(splits, rows)
+            part_rows = lambda *shape: pl.BlockSpec(  # noqa: E731
+                (None, None, splits, g // chunks) + shape, lambda b, h, c: (b, h, 0, c, 0)[:4 + len(shape)])
+            out = pl.pallas_call(
+                functools.partial(_gpu_combine_kernel, bs=GPU_BLOCK_SLOTS, splits=splits),
+                out_shape=jax.ShapeDtypeStruct(grouped.shape, q.dtype),
+                grid=(batch, n_kv, chunks),
+                in_specs=[whole, part_rows(d_h), part_rows(), part_rows()],
+                out_specs=pl.BlockSpec((None, rows // chunks, None, group, d_h),
+                                       lambda b, h, c: (b, c, h, 0, 0)),
+                compiler_params=pltr.CompilerParams(num_warps=4),
+                metadata={"bytes_accessed": str(written + q.size * q.dtype.itemsize), "flops": "0",
+                          "programs": str(batch * n_kv * chunks)},
+                interpret=interpret)(scalars[2], *out)
+        return out.reshape(batch, rows, n_q, d_h)[:, :real]
     raise ValueError(f"backend must be 'tpu' or 'gpu', not {backend!r}")

@@ -19,6 +19,7 @@ import pytest
 
 from alodlm_jax import window_kernel as WK
 from alodlm_jax.config import DecodeConfig
+from alodlm_jax.decode import programs
 from alodlm_jax.decode.compiled import CompiledEngine
 from alodlm_jax.decode.scheduler import BATCH_TIMING
 from alodlm_jax.decode.window import TRACE_COUNTS
@@ -140,10 +141,16 @@ def test_fixed_shapes_equal_bucketed(checkpoints, mode):
         CompiledEngine(cfg, params, decode, [2], shapes="ragged")
 
 
-def test_kernel_attention_equals_bucketed(checkpoints, monkeypatch):
-    """One TPU's policy (FIXED's shapes, attention in the Pallas kernel, run here by Pallas's
-    interpreter) decodes single requests (the kernel as a batch of one) and a batch whose
-    requests come and go as the CPU's buckets do."""
+@pytest.mark.parametrize("backend", ["tpu", "gpu"])
+def test_kernel_attention_equals_bucketed(checkpoints, monkeypatch, backend):
+    """One TPU's or GPU's policy (FIXED's shapes, attention in the Pallas kernel, run here by
+    Pallas's interpreter; the GPU's walks each prefix in parts, its batch being small: here of
+    8-slot blocks, one or more each, so that these short prompts' prefixes span several) decodes
+    single requests (the kernel as a batch of one) and a batch whose requests come and go as the
+    CPU's buckets do."""
+    if backend == "gpu":
+        monkeypatch.setattr(WK, "GPU_BLOCK_SLOTS", 8)
+        monkeypatch.setattr(WK, "GPU_RUN_BLOCKS", 1)
     cfg, params = checkpoints.get("sandwich", 1, 24.0)
     decode = DecodeConfig(q=0.5, tau=2.5, window_size=4, max_new_tokens=24, mode="entropy")
     bucketed = CompiledEngine(cfg, params, decode, [2, 23], batch_size=3, measure_prefill=False)
@@ -152,8 +159,9 @@ def test_kernel_attention_equals_bucketed(checkpoints, monkeypatch):
     reference = [bucketed.generate(p) for p in PROMPTS]
     traced = []  # (batch, rows) of each kernel call traced: single requests are a batch of one
     attention = WK.window_attention
+    programs.PROGRAMS.clear()  # traced here, not taken from the other backend's case
     monkeypatch.setattr(WK, "window_attention", lambda q, *a, **k: (
-        traced.append(q.shape[:2]), attention(q, *a, **k))[1])
+        traced.append(q.shape[:2]), attention(q, *a, **dict(k, backend=backend)))[1])
     alone = [kernel.generate(p) for p in PROMPTS[:2]]
     assert (1, 2 * decode.window_size) in traced
     _assert_same(reference[:2] + reference, alone + kernel.generate_batch(PROMPTS))

@@ -41,11 +41,14 @@ def _in_copy(q, k, v, k_all, v_all, layer, depth, start):
 
 
 # Starts: no prefix, inside the first block, on a block boundary, inside the last block. Rows: the
-# GPU kernel pads 8 and 5 window rows to 16 (its smallest tile).
+# GPU kernel pads 8 and 5 window rows to 16 (its smallest tile). Splits: the GPU kernel's parts of
+# a prefix, here 8 by default (3 requests x 2 KV heads, 8 tiles; 255 slots in the first 4, the
+# other 4 parts see none), or one part (no combining), or 2 (4 tiles each).
 @pytest.mark.parametrize("starts", [(0, 5, 256), (255, 257, 500)])
 @pytest.mark.parametrize("with_depth", [True, False])
-@pytest.mark.parametrize("backend,rows", [("tpu", 8), ("gpu", 8), ("gpu", 5)])
-def test_kernel_equals_the_xla_form_in_fp32(backend, rows, starts, with_depth):
+@pytest.mark.parametrize("backend,rows,splits", [("tpu", 8, None), ("gpu", 8, None),
+                                                 ("gpu", 5, None), ("gpu", 8, 1), ("gpu", 8, 2)])
+def test_kernel_equals_the_xla_form_in_fp32(backend, rows, splits, starts, with_depth):
     q, k, v, k_all, v_all = _operands(jnp.float32, rows=rows)
     start = jnp.asarray(starts, jnp.int32)
     depth = jnp.asarray([2, 0, 1], jnp.int32) if with_depth else None
@@ -53,26 +56,43 @@ def test_kernel_equals_the_xla_form_in_fp32(backend, rows, starts, with_depth):
         k_all, v_all = k_all[:, :, 0], v_all[:, :, 0]
     want = _in_copy(q, k, v, k_all, v_all, 1, depth, start)
     got = WK.window_attention(q, k, v, k_all, v_all, jnp.int32(1), depth, start, backend=backend,
-                              interpret=True)
+                              interpret=True, splits=splits)
     assert got.shape == want.shape and got.dtype == want.dtype
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=2e-6)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_kernel_reads_only_its_layer_depth_and_prefix(backend):
+@pytest.mark.parametrize("run_blocks", [1, 4])
+@pytest.mark.parametrize("splits", [2, 16])
+def test_gpu_kernel_parts_of_a_long_prefix(splits, run_blocks, monkeypatch):
+    """A prefix of up to 16 blocks cut in parts of at least ``run_blocks`` blocks each (16 parts
+    of one block; 4 of 4; 2 of 8), each request's own number of them, combined: the XLA form's
+    output to fp32 rounding."""
+    monkeypatch.setattr(WK, "GPU_RUN_BLOCKS", run_blocks)
+    q, k, v, k_all, v_all = _operands(jnp.float32, slots=1024, seed=1)
+    start = jnp.asarray([1000, 300, 64], jnp.int32)
+    depth = jnp.asarray([1, 2, 0], jnp.int32)
+    want = _in_copy(q, k, v, k_all, v_all, 0, depth, start)
+    got = WK.window_attention(q, k, v, k_all, v_all, jnp.int32(0), depth, start, backend="gpu",
+                              interpret=True, splits=splits)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("backend,splits", [("tpu", None), ("gpu", 1), ("gpu", 8)])
+def test_kernel_reads_only_its_layer_depth_and_prefix(backend, splits):
     """Changing the cache anywhere else (other layers, depths, requests' slots at or past their
-    start) changes nothing."""
+    start) changes nothing; in the parts of a split prefix too (a part past the prefix, inf in
+    the slots it does not see)."""
     q, k, v, k_all, v_all = _operands(jnp.float32)
     start = jnp.asarray([5, 256, 300], jnp.int32)
     depth = jnp.asarray([2, 0, 1], jnp.int32)
     run = functools.partial(WK.window_attention, q, k, v, layer=jnp.int32(1), depth=depth,
-                            start=start, backend=backend, interpret=True)
+                            start=start, backend=backend, interpret=True, splits=splits)
     before = run(k_all, v_all)
     slot = jnp.arange(k_all.shape[3])
     mine = ((jnp.arange(2)[None, :, None, None] == 1)
             & (jnp.arange(3)[None, None, :, None] == depth[:, None, None, None])
             & (slot[None, None, None, :] < start[:, None, None, None]))[..., None, None]
-    noise = jnp.full_like(k_all, 1e3)
+    noise = jnp.full_like(k_all, jnp.inf)
     after = run(jnp.where(mine, k_all, noise), jnp.where(mine, v_all, noise))
     np.testing.assert_array_equal(np.asarray(after), np.asarray(before))
 
@@ -100,6 +120,10 @@ def test_block_sizes_and_supported_shapes():
     # Triton's tiles are powers of two: the window's rows are padded (14 -> 16, 24 -> 32), a
     # query group of 3 is not.
     assert [WK.gpu_rows(n) for n in (1, 14, 16, 24, 32)] == [16, 16, 16, 32, 32]
+    # The GPU kernel's grid: one request of the released models (8 KV heads) is 8 programs, its
+    # prefix split in 8 parts makes 64; 8 requests make 64 alone; never more parts than tiles.
+    assert [WK.gpu_splits(b, 8, 5376) for b in (1, 2, 4, 7, 8, 32)] == [8, 4, 2, 2, 1, 1]
+    assert [WK.gpu_splits(1, 8, n) for n in (64, 128, 256)] == [1, 2, 4]
     assert WK.supported("gpu", **dict(released, rows=24))
     assert WK.supported("gpu", **dict(released, rows=14, group=2, dtype=jnp.float32))
     assert not WK.supported("gpu", **dict(released, group=3))
@@ -143,17 +167,23 @@ GPU_COMPILE = textwrap.dedent("""
     spec = lambda shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype, sharding=on_gpu)
     cache = spec((2, 2, 3, 768, 8, 128))
     window = spec((2, 16, 8, 128))
-    fn = lambda *a: WK.window_attention(*a, backend="gpu")
-    compiled = jax.jit(fn).lower(spec((2, 16, 16, 128)), window, window, cache, cache,
-                                 spec((), jnp.int32), spec((2,), jnp.int32),
-                                 spec((2,), jnp.int32)).compile()
-    text = compiled.as_text()
-    module = hlo.parse(text)
-    calls = [i for c in module.computations.values() for i in c.instructions
-             if i.opcode == "custom-call"]
-    json.dump({"triton": "xla.gpu.triton" in text,
-               "bytes": [module.kernel_bytes(module.entry, i) for i in calls],
-               "flops": [module.kernel_flops(module.entry, i) for i in calls]}, sys.stdout)
+    found = []
+    for splits in (None, 1):
+        fn = lambda *a: WK.window_attention(*a, backend="gpu", splits=splits)
+        compiled = jax.jit(fn).lower(spec((2, 16, 16, 128)), window, window, cache, cache,
+                                     spec((), jnp.int32), spec((2,), jnp.int32),
+                                     spec((2,), jnp.int32)).compile()
+        text = compiled.as_text()
+        module = hlo.parse(text)
+        calls = [i for c in module.computations.values() for i in c.instructions
+                 if i.opcode == "custom-call"]
+        found.append({"triton": text.count('custom_call_target="__gpu$xla.gpu.triton"'),
+                      "fusions": hlo.count_fusions(text),
+                      "bytes": [module.kernel_bytes(module.entry, i) for i in calls],
+                      "flops": [module.kernel_flops(module.entry, i) for i in calls],
+                      "programs": [module.instruction_cost(module.entry, i).few_programs
+                                   for i in calls]})
+    json.dump(found, sys.stdout)
 """)
 
 
@@ -170,8 +200,17 @@ def test_gpu_kernel_compiles_for_a_gpu_without_one():
     done = subprocess.run([sys.executable, "-c", GPU_COMPILE], env=env, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads(done.stdout)
+    split, whole = json.loads(done.stdout)
     one_depth = 2 * 2 * 768 * 8 * 128 * 2
-    window = 2 * (2 * 16 * 8 * 128 * 2) + 2 * (2 * 16 * 16 * 128 * 2)
-    scores = 2 * 16 * 16 * (768 + 16)  # batch x query heads x rows x (slots + window rows)
-    assert result == {"triton": True, "bytes": [one_depth + window], "flops": [4 * scores * 128]}
+    read = one_depth + 2 * (2 * 16 * 8 * 128 * 2) + 2 * 16 * 16 * 128 * 2  # + window K/V, queries
+    out = 2 * 16 * 16 * 128 * 2
+    flops = 4 * 2 * 16 * 16 * (768 + 16) * 128  # batch x query heads x rows x (slots + window)
+    # 2 requests x 8 KV heads: each prefix in 4 parts (64 programs), each part's fp32 output,
+    # maximum and sum for 16 x 2 stacked query rows, combined by a second kernel (64 programs:
+    # 4 chunks of 4 window rows); nothing else runs.
+    parts = 4 * 2 * 8 * 4 * 32 * (128 + 2)
+    assert split == {"triton": 2, "fusions": 0, "bytes": [read + parts, parts + out],
+                     "flops": [flops, 0],
+                     "programs": [[[read + parts, 64]], [[parts + out, 64]]]}
+    assert whole == {"triton": 1, "fusions": 0, "bytes": [read + out], "flops": [flops],
+                     "programs": [[[read + out, 16]]]}

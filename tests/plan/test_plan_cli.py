@@ -149,7 +149,9 @@ def _kernel_calls(target: str, out: str, program: str = "batch", window: int = 8
     text = gzip.open(pathlib.Path(out) / f"{program}.hlo.gz", "rt").read()
     return {"shapes": record["shapes"], "layers": cfg.num_hidden_layers,
             "tpu": text.count('custom_call_target="tpu_custom_call"'),
-            "triton": text.count("xla.gpu.triton")}
+            "triton": text.count("xla.gpu.triton"),
+            "combine": sum("_gpu_combine_kernel" in line for line in text.splitlines()
+                           if "xla.gpu.triton" in line)}
 
 
 @pytest.mark.skipif(not HAVE_TPU, reason="needs the aot extra (libtpu)")
@@ -180,8 +182,10 @@ def _gpu_kernel_calls(out, *args) -> dict:
 def test_the_gpu_batch_program_attends_in_the_triton_kernel(tmp_path):
     result = _gpu_kernel_calls(tmp_path)
     assert result["shapes"] == "fixed-kernel"
-    # Per-layer weights on a GPU: one kernel call per layer.
-    assert result["triton"] == result["layers"] and result["tpu"] == 0
+    # Per-layer weights on a GPU: one kernel call per layer, and (2 requests x 2 KV heads, far
+    # fewer programs than SMs: the prefix in parts) one combining its parts.
+    assert result["triton"] == 2 * result["layers"] and result["tpu"] == 0
+    assert result["combine"] == result["layers"]
 
 
 @pytest.mark.skipif(not (HAVE_GPU or GPU_CHILD),
@@ -192,8 +196,9 @@ def test_a_single_request_attends_in_the_triton_kernel_at_any_window(tmp_path):
     result = _gpu_kernel_calls(tmp_path, "single", 5)
     assert result["shapes"] == "fixed-kernel"
     # The window's prelude layers run once per window, the core and coda each pass: every layer
-    # of the program calls the kernel once.
-    assert result["triton"] == result["layers"] and result["tpu"] == 0
+    # of the program calls the kernel once, and the one combining the parts of its prefix.
+    assert result["triton"] == 2 * result["layers"] and result["tpu"] == 0
+    assert result["combine"] == result["layers"]
 
 
 @pytest.mark.skipif(not (HAVE_GPU or GPU_CHILD),
