@@ -22,7 +22,7 @@
 #   8B-shaped:   36 layers, loop [10,26), H 4096, I 12288, 32/8 heads x 128, vocab 151936
 #
 # Usage:  bash scripts/gpu_check.sh [--tiny] [--max_new_tokens N] [--models 1.7b,8b] [--batches 1,8,32]
-#                                  [--graphs] [--layouts | --layouts_only]
+#                                  [--graphs] [--no_attention] [--layouts | --layouts_only]
 #         bash scripts/gpu_check.sh --parity [gpu_parity.py's options]
 #   --parity   only the fp32 parity check against the CPU (scripts/gpu_parity.py: several small
 #              topologies, one request at a time and batches 8 and 32; exit status 1 on any
@@ -33,6 +33,12 @@
 #              --command_buffers graphs) beside XLA's defaults, for the single-request program and
 #              at each batch size: measured against predicted ms, and whether its tokens equal the
 #              defaults' (the same program under other launch machinery: expected equal).
+#   --no_attention  skip the first block of each model (block "ATTENTION" below): the Triton
+#              attention kernel alone at each --batches size and a short, a long and a full
+#              prefix of a 5,376-slot cache (a 1,024-token prompt and 4,096 new), its prefix
+#              walked in parts (flash-decoding, window_kernel.gpu_splits: what the engine runs)
+#              and in one part per request and KV head: us per call, K/V read per second, and
+#              how far apart their outputs are.
 #   --layouts  (block "LAYOUTS" below) also the compiled engine with continuous batching
 #              on every ("data", "model") mesh the visible devices allow (one H200: data=1,model=1
 #              through the mesh path), against one-device batch 1: tokens/s, same tokens, and the
@@ -142,6 +148,8 @@ def main() -> int:
                         help="batch sizes of the continuous-batching sweep ('' to skip it)")
     parser.add_argument("--graphs", action="store_true",
                         help="also loops and branches in command buffers (CUDA graphs)")
+    parser.add_argument("--no_attention", action="store_true",
+                        help="skip the attention kernel's timing (parts of a prefix vs one)")
     parser.add_argument("--layouts", action="store_true")
     parser.add_argument("--layouts_only", action="store_true")
     parser.add_argument("--layout_batch", type=int, default=8)
@@ -167,6 +175,8 @@ def main() -> int:
         print(f"\n== {name}-shaped ({'tiny' if args.tiny else 'full'}): {weight_bytes / 1e9:.2f} GB "
               f"of bf16 weights built in {time.perf_counter() - t0:.1f} s; one pass reads "
               f"{per_pass / 1e9:.3f} GB -> HBM roofline {roofline_ms:.3f} ms/pass", flush=True)
+        if not args.no_attention:
+            attention_check(cfg, args)
         rng = np.random.default_rng(1)
         prompt = rng.integers(0, cfg.mask_token_id, size=args.prompt_tokens).tolist()
         for mode in ("entropy", "left1"):
@@ -221,6 +231,59 @@ def main() -> int:
     return 0
 
 
+# ---- ATTENTION (the Triton kernel alone: its prefix in parts or in one) -----------------------
+def attention_check(cfg, args) -> None:
+    """The window attention kernel alone (alodlm_jax/window_kernel.py) at this model's heads,
+    each batch size and prefix: its time per call with the prefix split in parts
+    (window_kernel.gpu_splits; a second kernel combines them) and walked whole by one program per
+    request and KV head, the bytes of K/V it reads at that prefix per second, and how far apart
+    the two outputs are. The calls run in one program, cycling over 8 layers of cache so that
+    the K/V come from device memory, not L2; each call's output is the next one's queries."""
+    import functools
+
+    from alodlm_jax import window_kernel as WK
+
+    on_gpu = jax.devices()[0].platform == "gpu"
+    rows, n_q, n_kv, d_h = (2 * args.window_size, cfg.num_attention_heads,
+                            cfg.num_key_value_heads, cfg.head_dim)
+    slots = -(-(args.prompt_tokens + args.max_new_tokens + args.window_size) // 64) * 64
+    if not args.tiny:
+        slots = 5376  # the cache of a 1024-token prompt bucket and 4096 new tokens
+    layers, calls = 8, 64 if on_gpu else 2
+    for batch in [int(b) for b in args.batches.split(",") if b] or [1]:
+        rng = np.random.default_rng(3)
+        draw = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.bfloat16)  # noqa: E731
+        q = draw(batch, rows, n_q, d_h)
+        k, v = draw(batch, rows, n_kv, d_h), draw(batch, rows, n_kv, d_h)
+        k_all, v_all = (draw(batch, layers, slots, n_kv, d_h) for _ in range(2))
+
+        def run(splits, prefix):
+            @jax.jit
+            def many(q, k, v, k_all, v_all, start):
+                def body(i, q):
+                    return WK.window_attention(q, k, v, k_all, v_all, i % layers, None, start,
+                                               backend="gpu", interpret=not on_gpu, splits=splits)
+                return jax.lax.fori_loop(0, calls, body, q)
+            start = jnp.full((batch,), prefix, jnp.int32)
+            jax.block_until_ready(many(q, k, v, k_all, v_all, start))  # compiles
+            t0 = time.perf_counter()
+            out = jax.block_until_ready(many(q, k, v, k_all, v_all, start))
+            return (time.perf_counter() - t0) / calls, out
+
+        for prefix in sorted({min(1024, slots - rows), slots - 256, slots - rows}):
+            parts = WK.gpu_splits(batch, n_kv, slots)
+            (split_s, split_out), (whole_s, whole_out) = run(None, prefix), run(1, prefix)
+            read = 2 * batch * prefix * n_kv * d_h * 2
+            diff = float(jnp.max(jnp.abs(split_out.astype(jnp.float32) - whole_out.astype(jnp.float32))))
+            print(f"  attention batch {batch:>3} prefix {prefix:>5}: {parts:>2} parts "
+                  f"{1e6 * split_s:8.1f} us ({read / split_s / 1e12:5.2f} TB/s of K/V), one part "
+                  f"{1e6 * whole_s:8.1f} us ({read / whole_s / 1e12:5.2f} TB/s); "
+                  f"{batch * n_kv * parts} vs {batch * n_kv} programs; max |difference| after "
+                  f"{calls} calls {diff:.3g}", flush=True)
+        del k_all, v_all
+# ---- end ATTENTION ----------------------------------------------------------------------------
+
+
 # ---- PLAN (alodlm-jax-plan's prediction beside the measured step) ----------------------------
 def print_plan(cfg, params, decode, args, batch, program, *, measured_ms, measured_compile,
                command_buffers="engine") -> None:
@@ -254,6 +317,7 @@ def print_plan(cfg, params, decode, args, batch, program, *, measured_ms, measur
           f"{p['bytes_per_step'] / 1e9:.3f} GB ({1e3 * p['bytes_per_step'] / rates.bandwidth_bytes_per_second:.3f} ms; "
           f"floor {p['floor_bytes_per_step'] / 1e9:.3f} GB), {(p['flops_per_step'] or 0) / 1e12:.3f} TFLOP "
           f"({1e3 * (p['flops_per_step'] or 0) / rates.matrix_flops_per_second:.3f} ms), "
+          f"kernels of few programs {1e3 * (p['few_programs_seconds'] or 0):.3f} ms, "
           f"{p['kernels_per_step']} kernels, {p['kernels_outside_command_buffers']} launched outside "
           f"command buffers, {p['command_buffer_launches']} command buffers, {p['host_syncs']} host "
           f"syncs; options {record['xla_options']}; compile {p['compile_seconds']:.1f} s (engine "
