@@ -251,11 +251,11 @@ def attention_check(cfg, args) -> None:
         slots = 5376  # the cache of a 1024-token prompt bucket and 4096 new tokens
     layers, calls = 8, 64 if on_gpu else 2
     for batch in [int(b) for b in args.batches.split(",") if b] or [1]:
-        rng = np.random.default_rng(3)
-        draw = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.bfloat16)  # noqa: E731
+        keys = iter(jax.random.split(jax.random.key(3), 5))  # drawn on the device (GBs of cache)
+        draw = lambda *shape: jax.random.normal(next(keys), shape, jnp.bfloat16)  # noqa: E731
         q = draw(batch, rows, n_q, d_h)
         k, v = draw(batch, rows, n_kv, d_h), draw(batch, rows, n_kv, d_h)
-        k_all, v_all = (draw(batch, layers, slots, n_kv, d_h) for _ in range(2))
+        k_all, v_all = draw(batch, layers, slots, n_kv, d_h), draw(batch, layers, slots, n_kv, d_h)
 
         def run(splits, prefix):
             @jax.jit
