@@ -220,9 +220,13 @@ def _gpu_kernel(layer_ref, depth_ref, start_ref, q_ref, kw_ref, vw_ref, k_ref, v
              jnp.zeros((g, d_h), jnp.float32))
     tiles = pl.cdiv(start, bs)
     window = _window_mask(g, rows, group)
+
+    def attend(first, last, window):
+        walked = jax.lax.fori_loop(first, last, block, carry)
+        return _online(walked, _scores(q, kw_ref[...], window), vw_ref[...].astype(q.dtype))
+
     if splits == 1:
-        carry = jax.lax.fori_loop(0, tiles, block, carry)
-        _, l, acc = _online(carry, _scores(q, kw_ref[...], window), vw_ref[...].astype(q.dtype))
+        _, l, acc = attend(0, tiles, window)
         (o_ref,) = out_refs
         o_ref[...] = (acc / l).astype(o_ref.dtype).reshape(o_ref.shape)
         return
@@ -232,9 +236,8 @@ def _gpu_kernel(layer_ref, depth_ref, start_ref, q_ref, kw_ref, vw_ref, k_ref, v
 
     @pl.when(part < used)
     def _():
-        walked = jax.lax.fori_loop(part * run, jnp.minimum((part + 1) * run, tiles), block, carry)
-        m, l, acc = _online(walked, _scores(q, kw_ref[...], window & (part == used - 1)),
-                            vw_ref[...].astype(q.dtype))
+        m, l, acc = attend(part * run, jnp.minimum((part + 1) * run, tiles),
+                           window & (part == used - 1))
         acc_ref[...] = acc
         m_ref[...] = m.reshape(g)
         l_ref[...] = l.reshape(g)
@@ -290,16 +293,18 @@ def window_attention(q, k, v, k_all, v_all, layer, depth, start, *, backend: str
         k_all, v_all = k_all[:, :, None], v_all[:, :, None]
         depth = jnp.zeros((batch,), jnp.int32)
     slots = k_all.shape[3]
-    g = group * rows
     item = jnp.dtype(k_all.dtype).itemsize
-    # Read: each request's K/V (one depth, at most), its window's K/V and queries.
+    # Read: each request's K/V (one depth, at most), its window's K/V and queries; written: the
+    # output (the window's rows: the GPU's padding rows are not counted).
     read = 2 * batch * slots * n_kv * d_h * item + 2 * k.size * item + q.size * q.dtype.itemsize
+    out_bytes = q.size * q.dtype.itemsize
     scores = batch * n_q * rows * (slots + rows)
     flops = 4 * scores * d_h  # both products of every score
     scalars = (jnp.reshape(jnp.asarray(layer, jnp.int32), (1,)), jnp.asarray(depth, jnp.int32),
                jnp.asarray(start, jnp.int32))
     if backend == "tpu":
         # [B, n_kv, group*W, d_h]: row j*W + a is query row a of the kv head's j-th query head.
+        g = group * rows
         qg = q.reshape(batch, rows, n_kv, group, d_h).transpose(0, 2, 3, 1, 4).reshape(
             batch, n_kv, g, d_h)
         bs = block_slots(slots)
@@ -314,7 +319,7 @@ def window_attention(q, k, v, k_all, v_all, layer, depth, start, *, backend: str
         cache_spec = pl.BlockSpec((None, None, None, bs, n_kv, d_h), cache_block)
         window_spec = pl.BlockSpec((None, rows, n_kv, d_h), per_request)
         q_spec = pl.BlockSpec((None, n_kv, g, d_h), per_request)
-        moved = read + q.size * q.dtype.itemsize
+        moved = read + out_bytes
         cost = pl.CostEstimate(flops=flops, transcendentals=scores, bytes_accessed=moved)
         call = pl.pallas_call(
             functools.partial(_tpu_kernel, bs=bs, rows=rows),
@@ -347,7 +352,7 @@ def window_attention(q, k, v, k_all, v_all, layer, depth, start, *, backend: str
         grouped = q.reshape(batch, rows, n_kv, group, d_h)
         if splits == 1:
             out_shape, out_specs = jax.ShapeDtypeStruct(grouped.shape, q.dtype), head_q
-            written = q.size * q.dtype.itemsize
+            written = out_bytes
         else:
             part = lambda *shape: pl.BlockSpec((None, None, None) + shape,  # noqa: E731
                                                lambda b, h, p: (b, h, p) + (0,) * len(shape))
@@ -375,7 +380,8 @@ def window_attention(q, k, v, k_all, v_all, layer, depth, start, *, backend: str
             # As many programs: each combines the parts of rows / chunks window rows.
             chunks = min(splits, rows)
             part_rows = lambda *shape: pl.BlockSpec(  # noqa: E731
-                (None, None, splits, g // chunks) + shape, lambda b, h, c: (b, h, 0, c, 0)[:4 + len(shape)])
+                (None, None, splits, g // chunks) + shape,
+                lambda b, h, c: (b, h, 0, c) + (0,) * len(shape))
             out = pl.pallas_call(
                 functools.partial(_gpu_combine_kernel, bs=GPU_BLOCK_SLOTS, splits=splits),
                 out_shape=jax.ShapeDtypeStruct(grouped.shape, q.dtype),
@@ -384,7 +390,7 @@ def window_attention(q, k, v, k_all, v_all, layer, depth, start, *, backend: str
                 out_specs=pl.BlockSpec((None, rows // chunks, None, group, d_h),
                                        lambda b, h, c: (b, c, h, 0, 0)),
                 compiler_params=pltr.CompilerParams(num_warps=4),
-                metadata={"bytes_accessed": str(written + q.size * q.dtype.itemsize), "flops": "0",
+                metadata={"bytes_accessed": str(written + out_bytes), "flops": "0",
                           "programs": str(batch * n_kv * chunks)},
                 interpret=interpret)(scalars[2], *out)
         return out.reshape(batch, rows, n_q, d_h)[:, :real]
