@@ -149,7 +149,7 @@ def _launch_record(step, step_launches: dict | None, target) -> dict:
         record["few_programs_seconds"] = launches.few_programs_seconds(step.few_programs, bandwidth)
     record["predicted_step_seconds"] = launches.predicted_step_seconds(
         step.bytes, step.flops, step_launches, step.kernels, bandwidth,
-        getattr(target, "matrix_flops_per_second", None), step.few_programs)
+        getattr(target, "matrix_flops_per_second", None), record["few_programs_seconds"] or 0.0)
     return record
 
 

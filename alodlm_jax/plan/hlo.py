@@ -92,8 +92,9 @@ class Cost:
     loops whose trip count could not be read (counted once); ``flops``: the multiply-adds (times
     two) of the matrix products (``dot`` in a fused computation or a cuBLAS call), and a Pallas
     kernel's own estimate; ``few_programs``: ``(bytes, programs)`` of each kernel whose metadata
-    states its grid's programs (a Pallas GPU kernel; its runs' bytes summed), which
-    :func:`alodlm_jax.plan.launches.predicted_step_seconds` may not see reach the bandwidth."""
+    states its grid's programs (a Pallas GPU kernel; its runs' bytes summed), for
+    :func:`alodlm_jax.plan.launches.few_programs_seconds`: too few programs may not read at the
+    bandwidth."""
     kernels: int = 0
     bytes: int = 0
     unknown: int = 0
@@ -354,8 +355,8 @@ def _written(computation: Computation) -> int:
 
 
 def _kernel_estimate(instr: Instruction, field: str) -> int | None:
-    """A Pallas kernel's own ``field`` (``bytes_accessed``, ``flops``) from its call's config or
-    metadata; None where it states none."""
+    """A Pallas kernel's own ``field`` (``bytes_accessed``, ``flops``; ``programs``, its grid's,
+    in a GPU kernel's metadata) from its call's config or metadata; None where it states none."""
     found = _KERNEL_ESTIMATE[field].search(instr.attrs)
     return int(found.group(1)) if found else None
 

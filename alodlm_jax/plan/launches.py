@@ -209,10 +209,11 @@ def step_launches(module, step_loop_name: str | None, sequence: str, metadata: s
 
 
 def predicted_step_seconds(bytes_per_step, flops_per_step, launches: dict | None, kernels: int,
-                           bandwidth, matrix_flops, few_programs=()) -> float | None:
+                           bandwidth, matrix_flops, few_programs: float = 0.0) -> float | None:
     """The step time the plan predicts: the longer of its bytes at ``bandwidth`` and its FLOPs at
-    ``matrix_flops`` (bytes alone where the rate is unknown), plus the time its kernels of few
-    programs (:func:`few_programs_seconds`) take beyond their bytes at the bandwidth, plus
+    ``matrix_flops`` (bytes alone where the rate is unknown), plus ``few_programs``, the seconds
+    its kernels of few programs take beyond their bytes at the bandwidth
+    (:func:`few_programs_seconds`), plus
     :data:`TIME_MODEL`'s cost of each kernel, launch, graph launch and host sync (``launches``
     from :func:`step_launches`; without it, ``kernels`` each launched by the host). None without
     a bandwidth."""
@@ -221,7 +222,7 @@ def predicted_step_seconds(bytes_per_step, flops_per_step, launches: dict | None
     floor = bytes_per_step / bandwidth
     if matrix_flops and flops_per_step:
         floor = max(floor, flops_per_step / matrix_flops)
-    floor += few_programs_seconds(few_programs, bandwidth)
+    floor += few_programs
     m = TIME_MODEL
     if launches is None:
         return floor + kernels * (m["kernel"] + m["launch"])

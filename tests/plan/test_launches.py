@@ -133,7 +133,8 @@ def test_a_kernel_of_few_programs_reads_at_their_rate_not_the_bandwidth():
     extra = 6e8 / (8 * rate) - 6e8 / bandwidth
     assert launches.few_programs_seconds(few, bandwidth) == pytest.approx(extra)
     assert launches.few_programs_seconds((), bandwidth) == 0
-    assert launches.predicted_step_seconds(4e9, 0, None, 0, bandwidth, None, few) == \
+    assert launches.predicted_step_seconds(
+        4e9, 0, None, 0, bandwidth, None, launches.few_programs_seconds(few, bandwidth)) == \
         pytest.approx(4e9 / bandwidth + extra)
     module = hlo.parse(MODULE)
     assert hlo.program_cost(module).few_programs == ()  # no kernel states its programs
