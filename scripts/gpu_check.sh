@@ -237,10 +237,9 @@ def attention_check(cfg, args) -> None:
     each batch size and prefix: its time per call with the prefix split in parts
     (window_kernel.gpu_splits; a second kernel combines them) and walked whole by one program per
     request and KV head, the bytes of K/V it reads at that prefix per second, and how far apart
-    the two outputs are. The calls run in one program, cycling over 8 layers of cache so that
-    the K/V come from device memory, not L2; each call's output is the next one's queries."""
-    import functools
-
+    the two outputs are. The calls run in one program, cycling over 28 layers of cache, so that
+    the K/V they read (at least 117 MB: one request, 1,024 slots) come from device memory, not
+    the L2 (50 MB on an H100 or H200); each call's output is the next one's queries."""
     from alodlm_jax import window_kernel as WK
 
     on_gpu = jax.devices()[0].platform == "gpu"
@@ -249,7 +248,7 @@ def attention_check(cfg, args) -> None:
     slots = -(-(args.prompt_tokens + args.max_new_tokens + args.window_size) // 64) * 64
     if not args.tiny:
         slots = 5376  # the cache of a 1024-token prompt bucket and 4096 new tokens
-    layers, calls = 8, 64 if on_gpu else 2
+    layers, calls = 28, 64 if on_gpu else 2
     for batch in [int(b) for b in args.batches.split(",") if b] or [1]:
         keys = iter(jax.random.split(jax.random.key(3), 5))  # drawn on the device (GBs of cache)
         draw = lambda *shape: jax.random.normal(next(keys), shape, jnp.bfloat16)  # noqa: E731
@@ -270,11 +269,12 @@ def attention_check(cfg, args) -> None:
             out = jax.block_until_ready(many(q, k, v, k_all, v_all, start))
             return (time.perf_counter() - t0) / calls, out
 
+        parts = WK.gpu_splits(batch, n_kv, slots)
         for prefix in sorted({min(1024, slots - rows), slots - 256, slots - rows}):
-            parts = WK.gpu_splits(batch, n_kv, slots)
             (split_s, split_out), (whole_s, whole_out) = run(None, prefix), run(1, prefix)
             read = 2 * batch * prefix * n_kv * d_h * 2
-            diff = float(jnp.max(jnp.abs(split_out.astype(jnp.float32) - whole_out.astype(jnp.float32))))
+            diff = float(jnp.max(jnp.abs(split_out.astype(jnp.float32)
+                                         - whole_out.astype(jnp.float32))))
             print(f"  attention batch {batch:>3} prefix {prefix:>5}: {parts:>2} parts "
                   f"{1e6 * split_s:8.1f} us ({read / split_s / 1e12:5.2f} TB/s of K/V), one part "
                   f"{1e6 * whole_s:8.1f} us ({read / whole_s / 1e12:5.2f} TB/s); "
