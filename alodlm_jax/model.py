@@ -237,13 +237,34 @@ def _layer(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax.Array,
     return _attention_out_and_mlp(lp, eps, h, attn), k_all, v_all
 
 
-def _qkv(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax.Array):
-    """A layer's queries, keys and values ``[T, n, d_h]`` (norms and RoPE applied)."""
+def _qkv(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax.Array,
+         kernel: bool = False):
+    """A layer's queries, keys and values ``[T, n, d_h]`` (norms and RoPE applied). ``kernel``
+    (:data:`~alodlm_jax.rows.KERNEL`, one device): the heads' norms and RoPE in one Triton kernel
+    on an NVIDIA GPU where it applies (:mod:`alodlm_jax.head_norm_kernel`), XLA's form elsewhere."""
+    from alodlm_jax import head_norm_kernel as HK  # Pallas, imported where a layer is traced
+
     a = rms_norm(h, lp["input_norm"], eps)
-    q = rms_norm(_mm("th,hnd->tnd", a, lp["q"]), lp["q_norm"], eps)
-    k = rms_norm(_mm("th,hnd->tnd", a, lp["k"]), lp["k_norm"], eps)
-    v = _mm("th,hnd->tnd", a, lp["v"])
-    return _apply_rope(q, cos, sin), _apply_rope(k, cos, sin), v
+
+    def product(name):
+        return _mm("th,hnd->tnd", a, lp[name])
+
+    def norm_rope(x, name):
+        return _apply_rope(rms_norm(x, lp[f"{name}_norm"], eps), cos, sin)
+
+    (_, n_q, d_h), n_kv = lp["q"].shape, lp["k"].shape[1]
+    if not (kernel and HK.supported((h.shape[0], n_q, d_h), (h.shape[0], n_kv, d_h), a.dtype)):
+        return norm_rope(product("q"), "q"), norm_rope(product("k"), "k"), product("v")
+
+    def xla(q, k, v):
+        return norm_rope(q, "q"), norm_rope(k, "k"), v
+
+    def fused(q, k, v):  # one kernel where XLA:GPU makes four (head_norm_kernel)
+        return HK.norm_rope(jnp.concatenate([q, k, v], axis=1), n_q, n_kv, lp["q_norm"],
+                            lp["k_norm"], cos, sin, eps)
+
+    return jax.lax.platform_dependent(product("q"), product("k"), product("v"), cuda=fused,
+                                      default=xla)
 
 
 def _attention_out_and_mlp(lp: Params, eps: float, h: jax.Array, attn: jax.Array) -> jax.Array:
@@ -352,7 +373,7 @@ def _window_layer(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax
     batch of one (:func:`~alodlm_jax.attention.kernel_attention`), which reads the prefix where it
     lies instead of XLA's copies of the buffer, its scores and its probabilities.
     """
-    q, k, v = _qkv(lp, eps, h, cos, sin)
+    q, k, v = _qkv(lp, eps, h, cos, sin, kernel)
     k = k.astype(k_all.dtype)
     v = v.astype(v_all.dtype)
     index = tuple(jnp.asarray(i, jnp.int32) for i in index)
@@ -443,7 +464,7 @@ def _window_layer_rows(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin
     from the batch's buffers at that request's index and depth) and window rows exactly as
     :func:`_window_layer` does. ``kernel`` (in-order lanes only): the lanes attend in the
     platform's Pallas kernel instead (:func:`~alodlm_jax.attention.kernel_attention`)."""
-    q, k, v = _qkv(lp, eps, h, cos, sin)
+    q, k, v = _qkv(lp, eps, h, cos, sin, kernel)
     k = k.astype(k_all.dtype)
     v = v.astype(v_all.dtype)
     layer = jnp.asarray(layer, jnp.int32)

@@ -38,7 +38,8 @@
 #              prefix of a 5,376-slot cache (a 1,024-token prompt and 4,096 new), its prefix
 #              walked in parts (flash-decoding, window_kernel.gpu_splits: what the engine runs)
 #              and in one part per request and KV head: us per call, K/V read per second, and
-#              how far apart their outputs are.
+#              how far apart their outputs are; and the heads' norms and RoPE in their Triton
+#              kernel (alodlm_jax/head_norm_kernel.py) against XLA's form on this device.
 #   --layouts  (block "LAYOUTS" below) also the compiled engine with continuous batching
 #              on every ("data", "model") mesh the visible devices allow (one H200: data=1,model=1
 #              through the mesh path), against one-device batch 1: tokens/s, same tokens, and the
@@ -177,6 +178,7 @@ def main() -> int:
               f"{per_pass / 1e9:.3f} GB -> HBM roofline {roofline_ms:.3f} ms/pass", flush=True)
         if not args.no_attention:
             attention_check(cfg, args)
+            head_norm_check(cfg, args)
         rng = np.random.default_rng(1)
         prompt = rng.integers(0, cfg.mask_token_id, size=args.prompt_tokens).tolist()
         for mode in ("entropy", "left1"):
@@ -281,6 +283,43 @@ def attention_check(cfg, args) -> None:
                   f"{batch * n_kv * parts} vs {batch * n_kv} programs; max |difference| after "
                   f"{calls} calls {diff:.3g}", flush=True)
         del k_all, v_all
+
+
+def head_norm_check(cfg, args) -> None:
+    """The queries' and keys' norms and RoPE in one Triton kernel (alodlm_jax/head_norm_kernel.py,
+    what a window layer runs on one GPU in bf16) against XLA's form of them, on this device, at
+    one request's window rows and at 8 requests': the share of outputs equal bit for bit and the
+    largest difference (the norm's sum of squares is added in another order)."""
+    from alodlm_jax import head_norm_kernel as HK
+    from alodlm_jax import model as M
+
+    on_gpu = jax.devices()[0].platform == "gpu"
+    n_q, n_kv, d_h, eps = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                           cfg.rms_norm_eps)
+    for rows in (2 * args.window_size, 16 * args.window_size):
+        if not HK.supported((rows, n_q, d_h), (rows, n_kv, d_h), jnp.bfloat16):
+            print(f"  head norms rows {rows:>4}: XLA's form (the kernel does not take them)")
+            continue
+        keys = iter(jax.random.split(jax.random.key(4), 3))
+        qkv = jax.random.normal(next(keys), (rows, n_q + 2 * n_kv, d_h), jnp.bfloat16)
+        q_w, k_w = (1 + 0.1 * jax.random.normal(next(keys), (2, d_h))).astype(jnp.bfloat16)
+        cos, sin = M.rope_tables(jnp.arange(rows) + args.prompt_tokens, d_h, cfg.rope_theta,
+                                 jnp.bfloat16)
+
+        @jax.jit
+        def xla(qkv):
+            q, k, v = qkv[:, :n_q], qkv[:, n_q:n_q + n_kv], qkv[:, n_q + n_kv:]
+            return (M._apply_rope(M.rms_norm(q, q_w, eps), cos, sin),
+                    M._apply_rope(M.rms_norm(k, k_w, eps), cos, sin), v)
+
+        kernel = jax.jit(lambda qkv: HK.norm_rope(qkv, n_q, n_kv, q_w, k_w, cos, sin, eps,
+                                                  interpret=not on_gpu))
+        pairs = list(zip(xla(qkv), kernel(qkv)))
+        equal = sum(int(jnp.sum(a == b)) for a, b in pairs) / sum(a.size for a, _ in pairs)
+        diff = max(float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
+                   for a, b in pairs)
+        print(f"  head norms rows {rows:>4}: kernel vs XLA's form {100 * equal:.3f}% equal, "
+              f"max |difference| {diff:.3g}", flush=True)
 # ---- end ATTENTION ----------------------------------------------------------------------------
 
 
