@@ -242,8 +242,6 @@ def _qkv(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax.Array,
     """A layer's queries, keys and values ``[T, n, d_h]`` (norms and RoPE applied). ``kernel``
     (:data:`~alodlm_jax.rows.KERNEL`, one device): the heads' norms and RoPE in one Triton kernel
     on an NVIDIA GPU where it applies (:mod:`alodlm_jax.head_norm_kernel`), XLA's form elsewhere."""
-    from alodlm_jax import head_norm_kernel as HK  # Pallas, imported where a layer is traced
-
     a = rms_norm(h, lp["input_norm"], eps)
 
     def product(name):
@@ -253,6 +251,8 @@ def _qkv(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax.Array,
         return _apply_rope(rms_norm(x, lp[f"{name}_norm"], eps), cos, sin)
 
     (_, n_q, d_h), n_kv = lp["q"].shape, lp["k"].shape[1]
+    if kernel:  # Pallas's Triton module, imported only where a program may run the kernel
+        from alodlm_jax import head_norm_kernel as HK
     if not (kernel and HK.supported((h.shape[0], n_q, d_h), (h.shape[0], n_kv, d_h), a.dtype)):
         return norm_rope(product("q"), "q"), norm_rope(product("k"), "k"), product("v")
 

@@ -227,15 +227,15 @@ def batch_step(params, cache, slots, consts, *, cfg, window_size, mode, shapes=R
                                                                              dstate.cache_len)
         return dstate, _select(stop, nxt, packed)
 
-    def when_stopped(dstate, packed):  # a step in which no window stops skips the work
-        return jax.lax.cond(jnp.any(stop), close, lambda operands: operands, (dstate, packed))
+    def when_stopped(operands):  # a step in which no window stops skips the work
+        return jax.lax.cond(jnp.any(stop), close, lambda operands: operands, operands)
 
     # On NVIDIA GPUs on every slot's state (a few small arrays), kept where the window stopped:
     # XLA:GPU copied that state into and out of the conditional, 23 of the 563 kernels of the
     # 1.7B's batch-32 step, whose 32 requests stop a window nearly every step. Elsewhere the
     # conditional pays (the CPU's small steps; the TPU's batch-32 steps: fewer operations).
-    dstate, packed = jax.lax.platform_dependent(
-        dstate, packed, cuda=lambda dstate, packed: close((dstate, packed)), default=when_stopped)
+    dstate, packed = jax.lax.platform_dependent((dstate, packed), cuda=close,
+                                                default=when_stopped)
     return cache, Slots(dstate=dstate, packed=packed, h=h, pst=pst, depth=executed,
                         is_open=live & ~stop, live_steps=slots.live_steps + live.astype(jnp.int32))
 
