@@ -240,8 +240,10 @@ def _layer(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax.Array,
 def _qkv(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax.Array,
          kernel: bool = False):
     """A layer's queries, keys and values ``[T, n, d_h]`` (norms and RoPE applied). ``kernel``
-    (:data:`~alodlm_jax.rows.KERNEL`, one device): the heads' norms and RoPE in one Triton kernel
-    on an NVIDIA GPU where it applies (:mod:`alodlm_jax.head_norm_kernel`), XLA's form elsewhere."""
+    (:data:`~alodlm_jax.rows.KERNEL`, one device): on an NVIDIA GPU where they apply, the heads'
+    norms and RoPE in one Triton kernel (:mod:`alodlm_jax.head_norm_kernel`) and, for a window of
+    few rows, the input norm and the three products in another
+    (:func:`alodlm_jax.matmul_kernel.norm_matmul`); XLA's form elsewhere."""
     a = rms_norm(h, lp["input_norm"], eps)
 
     def product(name):
@@ -250,10 +252,12 @@ def _qkv(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax.Array,
     def norm_rope(x, name):
         return _apply_rope(rms_norm(x, lp[f"{name}_norm"], eps), cos, sin)
 
-    (_, n_q, d_h), n_kv = lp["q"].shape, lp["k"].shape[1]
-    if kernel:  # Pallas's Triton module, imported only where a program may run the kernel
+    (hidden, n_q, d_h), n_kv = lp["q"].shape, lp["k"].shape[1]
+    rows = h.shape[0]
+    if kernel:  # Pallas's Triton module, imported only where a program may run the kernels
         from alodlm_jax import head_norm_kernel as HK
-    if not (kernel and HK.supported((h.shape[0], n_q, d_h), (h.shape[0], n_kv, d_h), a.dtype)):
+        from alodlm_jax import matmul_kernel as MK
+    if not (kernel and HK.supported((rows, n_q, d_h), (rows, n_kv, d_h), a.dtype)):
         return norm_rope(product("q"), "q"), norm_rope(product("k"), "k"), product("v")
 
     def xla(q, k, v):
@@ -263,22 +267,57 @@ def _qkv(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax.Array,
         return HK.norm_rope(jnp.concatenate([q, k, v], axis=1), n_q, n_kv, lp["q_norm"],
                             lp["k_norm"], cos, sin, eps)
 
-    return jax.lax.platform_dependent(product("q"), product("k"), product("v"), cuda=fused,
-                                      default=xla)
+    widths = (n_q * d_h, n_kv * d_h, n_kv * d_h)
+    if not MK.supported(rows, hidden, widths, a.dtype):
+        return jax.lax.platform_dependent(product("q"), product("k"), product("v"), cuda=fused,
+                                          default=xla)
+
+    def in_kernels(h):  # the input norm and the products in one kernel, then the heads' norms
+        qkv = MK.norm_matmul(h, lp["input_norm"], [lp[n].reshape(hidden, -1) for n in "qkv"], eps)
+        return HK.norm_rope(qkv.reshape(rows, n_q + 2 * n_kv, d_h), n_q, n_kv, lp["q_norm"],
+                            lp["k_norm"], cos, sin, eps)
+
+    return jax.lax.platform_dependent(
+        h, cuda=in_kernels, default=lambda h: xla(product("q"), product("k"), product("v")))
 
 
-def _attention_out_and_mlp(lp: Params, eps: float, h: jax.Array, attn: jax.Array) -> jax.Array:
-    """The rest of a layer after attention: output projection + residual, then the SwiGLU MLP."""
+def _attention_out_and_mlp(lp: Params, eps: float, h: jax.Array, attn: jax.Array,
+                           kernel: bool = False) -> jax.Array:
+    """The rest of a layer after attention: output projection + residual, then the SwiGLU MLP.
+    ``kernel`` (:data:`~alodlm_jax.rows.KERNEL`, one device): on an NVIDIA GPU, for a window of
+    few rows, each product with its norm or residual add in one Triton kernel
+    (:mod:`alodlm_jax.matmul_kernel`); XLA's form elsewhere."""
     # The output projection as one [T, n_q*d_h] x [n_q*d_h, H] product (a reshape of the kernel, no
     # copy). Written as "tnd,ndh->th", XLA:CPU transposed the whole [n_q, d_h, H] kernel on every
     # call (7 % of a pass of the 1 GB bench model).
     o = lp["o"]
-    h = h + _mm("tk,kh->th", attn.reshape(attn.shape[0], -1), o.reshape(-1, o.shape[-1]))
-    b = rms_norm(h, lp["post_norm"], eps)
-    gate = _mm("th,hi->ti", b, lp["gate_proj"])
-    gate = jax.nn.silu(gate.astype(jnp.float32)).astype(gate.dtype)  # torch: silu in fp32, one rounding
-    mlp = gate * _mm("th,hi->ti", b, lp["up_proj"])
-    return h + _mm("ti,ih->th", mlp, lp["down_proj"])
+    attn = attn.reshape(attn.shape[0], -1)
+    o = o.reshape(-1, o.shape[-1])
+
+    def xla(h, attn):
+        h = h + _mm("tk,kh->th", attn, o)
+        b = rms_norm(h, lp["post_norm"], eps)
+        gate = _mm("th,hi->ti", b, lp["gate_proj"])
+        gate = jax.nn.silu(gate.astype(jnp.float32)).astype(gate.dtype)  # torch: silu in fp32, one rounding
+        mlp = gate * _mm("th,hi->ti", b, lp["up_proj"])
+        return h + _mm("ti,ih->th", mlp, lp["down_proj"])
+
+    if kernel:  # Pallas's Triton module, imported only where a program may run the kernels
+        from alodlm_jax import matmul_kernel as MK
+    rows, hidden = h.shape
+    inner = lp["down_proj"].shape[0]
+    if not (kernel and MK.supported(rows, attn.shape[1], (hidden,), h.dtype)
+            and MK.supported(rows, hidden, (inner,), h.dtype)
+            and MK.supported(rows, inner, (hidden,), h.dtype)):
+        return xla(h, attn)
+
+    def in_kernels(h, attn):  # three kernels where XLA:GPU makes seven
+        h = MK.matmul_residual(attn, o, h)
+        mlp = MK.norm_matmul(h, lp["post_norm"], (lp["gate_proj"], lp["up_proj"]), eps,
+                             gated=True)
+        return MK.matmul_residual(mlp, lp["down_proj"], h)
+
+    return jax.lax.platform_dependent(h, attn, cuda=in_kernels, default=xla)
 
 
 def _num_layers(stack) -> int:
@@ -381,7 +420,7 @@ def _window_layer(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax
         depth = None if len(index) == 1 else index[1][None]
         attn = A.kernel_attention(q[None], k[None], v[None], k_all[None], v_all[None], index[0],
                                   depth, start[None], size=k_all.shape[len(index)])[0]
-        return _attention_out_and_mlp(lp, eps, h, attn), k, v
+        return _attention_out_and_mlp(lp, eps, h, attn, kernel), k, v
 
     def attend_first(size, q, k, v, k_all, v_all):
         k_pre = A.first_slots(k_all, index, size).astype(q.dtype)
@@ -493,8 +532,8 @@ def _window_layer_rows(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin
     attn = _on_kv_bucket(k_all.shape[2 if depth is None else 3], kv_bucket, attend_first,
                          R.to_lanes(q, m, rows), R.to_lanes(k, m, rows), R.to_lanes(v, m, rows),
                          k_all, v_all)
-    return (_attention_out_and_mlp(lp, eps, h, R.from_lanes(attn, m)), R.from_rows(k, m, rows),
-            R.from_rows(v, m, rows))
+    return (_attention_out_and_mlp(lp, eps, h, R.from_lanes(attn, m), kernel),
+            R.from_rows(k, m, rows), R.from_rows(v, m, rows))
 
 
 def run_window_rows(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Array, m: R.RowMap,

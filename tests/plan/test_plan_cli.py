@@ -153,7 +153,9 @@ def _kernel_calls(target: str, out: str, program: str = "batch", window: int = 8
             "combine": sum("_gpu_combine_kernel" in line for line in text.splitlines()
                            if "xla.gpu.triton" in line),
             "norm_rope": sum("_norm_rope_kernel" in line for line in text.splitlines()
-                             if "xla.gpu.triton" in line)}
+                             if "xla.gpu.triton" in line),
+            "matmul": sum(("_norm_matmul_kernel" in line or "_matmul_residual_kernel" in line)
+                          for line in text.splitlines() if "xla.gpu.triton" in line)}
 
 
 @pytest.mark.skipif(not HAVE_TPU, reason="needs the aot extra (libtpu)")
@@ -186,9 +188,11 @@ def test_the_gpu_batch_program_attends_in_the_triton_kernel(tmp_path):
     assert result["shapes"] == "fixed-kernel"
     # Per-layer weights on a GPU: one kernel call per layer, and (2 requests x 2 KV heads, far
     # fewer programs than SMs: the prefix in parts) one combining its parts; and (bf16, 32 rows)
-    # one for the layer's head norms and RoPE.
-    assert result["triton"] == 3 * result["layers"] and result["tpu"] == 0
+    # one for the layer's head norms and RoPE, and its four products with their norms and
+    # residual adds.
+    assert result["triton"] == 7 * result["layers"] and result["tpu"] == 0
     assert result["combine"] == result["norm_rope"] == result["layers"]
+    assert result["matmul"] == 4 * result["layers"]
 
 
 @pytest.mark.skipif(not (HAVE_GPU or GPU_CHILD),
@@ -200,9 +204,11 @@ def test_a_single_request_attends_in_the_triton_kernel_at_any_window(tmp_path):
     assert result["shapes"] == "fixed-kernel"
     # The window's prelude layers run once per window, the core and coda each pass: every layer
     # of the program calls the kernel once, the one combining the parts of its prefix, and
-    # (bf16, 10 rows) the one for its head norms and RoPE.
+    # (bf16, 10 rows) the one for its head norms and RoPE; its products stay XLA's (10 rows are
+    # no Triton dot's).
     assert result["triton"] == 3 * result["layers"] and result["tpu"] == 0
     assert result["combine"] == result["norm_rope"] == result["layers"]
+    assert result["matmul"] == 0
 
 
 @pytest.mark.skipif(not (HAVE_GPU or GPU_CHILD),

@@ -1,0 +1,49 @@
+"""Compiling a piece of the model for an H200 without one (JAX's CUDA plugin and ptxas), in a child
+process with the plugin on its path as tests/plan runs the GPU plan, and what the plan reads of
+the program: its Triton calls, kernels, and each call's bytes and programs from its metadata."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+from alodlm_jax.plan import targets
+
+GPU_DIR = pathlib.Path(__file__).resolve().parents[2] / ".ci" / "aot-gpu"  # as tests/plan
+AVAILABLE = (targets.missing_extra(targets.load_target("h200")) is None
+             or (GPU_DIR / "jax_cuda12_plugin").is_dir())
+
+_PRELUDE = textwrap.dedent("""
+    import json, sys
+    import jax, jax.numpy as jnp
+    from jax.sharding import SingleDeviceSharding
+    from alodlm_jax import model as M
+    from alodlm_jax.plan import hlo, targets
+
+    on_gpu = SingleDeviceSharding(targets.load_target("h200").devices()[0])
+    spec = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=on_gpu)
+
+    def report(fn, *args):
+        text = jax.jit(fn).lower(*args).compile().as_text()
+        module = hlo.parse(text)
+        calls = [i for c in module.computations.values() for i in c.instructions
+                 if i.opcode == "custom-call"]
+        return {"triton": text.count('custom_call_target="__gpu$xla.gpu.triton"'),
+                "kernels": module.cost(module.entry.name).kernels,
+                "bytes": sorted(module.kernel_bytes(module.entry, i) for i in calls),
+                "programs": sorted(programs for i in calls for _, programs
+                                   in module.instruction_cost(module.entry, i).few_programs)}
+""")
+
+
+def compile_in_child(body: str) -> dict:
+    """Runs ``body`` after a prelude that defines ``spec(*shape)`` (a bf16 argument on the H200)
+    and ``report(fn, *args)`` (the dict above); ``body`` dumps its result as JSON on stdout."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([str(GPU_DIR)] + [p for p in sys.path if p]))
+    done = subprocess.run([sys.executable, "-c", _PRELUDE + textwrap.dedent(body)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
