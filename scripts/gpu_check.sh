@@ -41,8 +41,8 @@
 #              how far apart their outputs are; the heads' norms and RoPE in their Triton
 #              kernel (alodlm_jax/head_norm_kernel.py) against XLA's form on this device; and a
 #              window layer's products with their norms and residual adds in Triton kernels
-#              (alodlm_jax/matmul_kernel.py, one request's rows) against XLA's form: us per
-#              layer, weights read per second, outputs equal.
+#              (alodlm_jax/matmul_kernel.py, one request's rows and two requests') against
+#              XLA's form: us per layer, weights read per second, outputs equal.
 #   --layouts  (block "LAYOUTS" below) also the compiled engine with continuous batching
 #              on every ("data", "model") mesh the visible devices allow (one H200: data=1,model=1
 #              through the mesh path), against one-device batch 1: tokens/s, same tokens, and the
@@ -327,51 +327,54 @@ def head_norm_check(cfg, args) -> None:
 def layer_kernels_check(cfg, params, args) -> None:
     """A window layer's products with their norms and residual adds (alodlm_jax/matmul_kernel.py)
     and its heads' norms (head_norm_kernel.py) in Triton kernels, what a window layer of one
-    request runs on one GPU in bf16, against XLA's form of the same parts (model._qkv and
-    model._attention_out_and_mlp with and without ``kernel``), on this device: time per layer
-    over 8 of the model's layers in turn (more weights than the L2 holds), the layer's weights
-    read per second, the share of outputs equal bit for bit and the largest difference. Without
-    a GPU both forms are XLA's (the kernels run only where the platform is CUDA)."""
+    request (or two, in a batch step) runs on one GPU in bf16, against XLA's form of the same
+    parts (model._qkv and model._attention_out_and_mlp with and without ``kernel``), on this
+    device: time per layer over 8 of the model's layers in turn (more weights than the L2 holds),
+    the layer's weights read per second, the share of outputs equal bit for bit and the largest
+    difference. Without a GPU both forms are XLA's (the kernels run only where the platform is
+    CUDA)."""
     from alodlm_jax import matmul_kernel as MK
     from alodlm_jax import model as M
 
     on_gpu = jax.devices()[0].platform == "gpu"
-    rows, hidden, eps = 2 * args.window_size, cfg.hidden_size, cfg.rms_norm_eps
-    if not MK.supported(rows, hidden, (hidden,), jnp.bfloat16):
-        print(f"  layer products rows {rows:>4}: XLA's form (the kernels do not take them)")
-        return
+    hidden, eps = cfg.hidden_size, cfg.rms_norm_eps
     layers = (tuple(params["prelude"]) + tuple(params["core"]) + tuple(params["coda"]))[:8]
-    keys = iter(jax.random.split(jax.random.key(5), 2))
-    h = jax.random.normal(next(keys), (rows, hidden), jnp.bfloat16)
-    attn = jax.random.normal(next(keys), (rows, cfg.num_attention_heads, cfg.head_dim),
-                             jnp.bfloat16)
-    cos, sin = M.rope_tables(jnp.arange(rows) + args.prompt_tokens, cfg.head_dim,
-                             cfg.rope_theta, jnp.bfloat16)
-    reps, timed = 20 if on_gpu else 1, {}
-    for kernel in (False, True):
-        @jax.jit
-        def run(layers, h, attn):
-            return [(M._qkv(lp, eps, h, cos, sin, kernel),
-                     M._attention_out_and_mlp(lp, eps, h, attn, kernel)) for lp in layers]
-
-        out = jax.block_until_ready(run(layers, h, attn))  # compiles
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            out = run(layers, h, attn)
-        jax.block_until_ready(out)
-        timed[kernel] = ((time.perf_counter() - t0) / reps / len(layers),
-                         jax.tree_util.tree_leaves(out))
     weights = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(layers[0]))
-    pairs = list(zip(timed[False][1], timed[True][1]))
-    equal = sum(int(jnp.sum(a == b)) for a, b in pairs) / sum(a.size for a, _ in pairs)
-    diff = max(float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
-               for a, b in pairs)
-    (xla_s, _), (kernel_s, _) = timed[False], timed[True]
-    print(f"  layer products rows {rows:>4}: XLA's form {1e6 * xla_s:7.1f} us/layer "
-          f"({weights / xla_s / 1e12:4.2f} TB/s of weights), kernels {1e6 * kernel_s:7.1f} "
-          f"us/layer ({weights / kernel_s / 1e12:4.2f} TB/s){'' if on_gpu else ' (no GPU: both XLA)'}"
-          f"; kernels vs XLA's form {100 * equal:.3f}% equal, max |difference| {diff:.3g}",
-          flush=True)
+    reps = 20 if on_gpu else 1
+    for rows in (2 * args.window_size, 4 * args.window_size):
+        if not MK.supported(rows, hidden, (hidden,), jnp.bfloat16):
+            print(f"  layer products rows {rows:>4}: XLA's form (the kernels do not take them)")
+            continue
+        keys = iter(jax.random.split(jax.random.key(5), 2))
+        h = jax.random.normal(next(keys), (rows, hidden), jnp.bfloat16)
+        attn = jax.random.normal(next(keys), (rows, cfg.num_attention_heads, cfg.head_dim),
+                                 jnp.bfloat16)
+        cos, sin = M.rope_tables(jnp.arange(rows) + args.prompt_tokens, cfg.head_dim,
+                                 cfg.rope_theta, jnp.bfloat16)
+        timed = {}
+        for kernel in (False, True):
+            @jax.jit
+            def run(layers, h, attn):
+                return [(M._qkv(lp, eps, h, cos, sin, kernel),
+                         M._attention_out_and_mlp(lp, eps, h, attn, kernel)) for lp in layers]
+
+            out = jax.block_until_ready(run(layers, h, attn))  # compiles
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                out = run(layers, h, attn)
+            jax.block_until_ready(out)
+            timed[kernel] = ((time.perf_counter() - t0) / reps / len(layers),
+                             jax.tree_util.tree_leaves(out))
+        pairs = list(zip(timed[False][1], timed[True][1]))
+        equal = sum(int(jnp.sum(a == b)) for a, b in pairs) / sum(a.size for a, _ in pairs)
+        diff = max(float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
+                   for a, b in pairs)
+        (xla_s, _), (kernel_s, _) = timed[False], timed[True]
+        print(f"  layer products rows {rows:>4}: XLA's form {1e6 * xla_s:7.1f} us/layer "
+              f"({weights / xla_s / 1e12:4.2f} TB/s of weights), kernels "
+              f"{1e6 * kernel_s:7.1f} us/layer ({weights / kernel_s / 1e12:4.2f} TB/s)"
+              f"{'' if on_gpu else ' (no GPU: both XLA)'}; kernels vs XLA's form "
+              f"{100 * equal:.3f}% equal, max |difference| {diff:.3g}", flush=True)
 # ---- end ATTENTION ----------------------------------------------------------------------------
 
 

@@ -19,10 +19,11 @@ def test_gpu_check_tiny_runs_on_cpu():
     assert done.returncode == 0, done.stderr[-2000:]
     assert "GPU_CHECK_DONE ok" in done.stdout
     assert done.stdout.count("same tokens portable/compiled: True") == 4
-    # The heads' norms kernel against XLA's form (interpreted here), two row counts per shape,
-    # and a window layer's products (XLA's form on both sides here), one per shape.
-    assert done.stdout.count("% equal, max |difference|") == 6
+    # The heads' norms kernel against XLA's form (interpreted here), and a window layer's
+    # products (XLA's form on both sides here), two row counts each per shape.
+    assert done.stdout.count("% equal, max |difference|") == 8
     assert done.stdout.count("  layer products rows   32: XLA's form") == 2
+    assert done.stdout.count("  layer products rows   64: XLA's form") == 2
     # The batch sweep: both sizes on both shapes, each with XLA's step analysis and equal tokens.
     assert done.stdout.count("same tokens: True") == 4
     assert done.stdout.count("\n  batch   3:") == 2 and "GB moved (floor" in done.stdout
