@@ -22,7 +22,8 @@
 #   8B-shaped:   36 layers, loop [10,26), H 4096, I 12288, 32/8 heads x 128, vocab 151936
 #
 # Usage:  bash scripts/gpu_check.sh [--tiny] [--max_new_tokens N] [--models 1.7b,8b] [--batches 1,8,32]
-#                                  [--graphs] [--no_attention] [--layouts | --layouts_only]
+#                                  [--graphs] [--no_attention] [--xla_products]
+#                                  [--layouts | --layouts_only]
 #         bash scripts/gpu_check.sh --parity [gpu_parity.py's options]
 #   --parity   only the fp32 parity check against the CPU (scripts/gpu_parity.py: several small
 #              topologies, one request at a time and batches 8 and 32; exit status 1 on any
@@ -43,6 +44,8 @@
 #              window layer's products with their norms and residual adds in Triton kernels
 #              (alodlm_jax/matmul_kernel.py, one request's rows and two requests') against
 #              XLA's form: us per layer, weights read per second, outputs equal.
+#   --xla_products  the engines run a window layer's products in XLA's form
+#              (matmul_kernel.MAX_ROWS = 0), to compare their ms/pass with a run without it.
 #   --layouts  (block "LAYOUTS" below) also the compiled engine with continuous batching
 #              on every ("data", "model") mesh the visible devices allow (one H200: data=1,model=1
 #              through the mesh path), against one-device batch 1: tokens/s, same tokens, and the
@@ -154,14 +157,20 @@ def main() -> int:
                         help="also loops and branches in command buffers (CUDA graphs)")
     parser.add_argument("--no_attention", action="store_true",
                         help="skip the attention kernel's timing (parts of a prefix vs one)")
+    parser.add_argument("--xla_products", action="store_true",
+                        help="the engines' layer products in XLA's form, not matmul_kernel's")
     parser.add_argument("--layouts", action="store_true")
     parser.add_argument("--layouts_only", action="store_true")
     parser.add_argument("--layout_batch", type=int, default=8)
     parser.add_argument("--layout_prompts", type=int, default=16)
     args = parser.parse_args()
+    if args.xla_products:
+        from alodlm_jax import matmul_kernel
+
+        matmul_kernel.MAX_ROWS = 0  # supported() says no: the model keeps XLA's form
     dev = jax.devices()[0]
-    print(f"jax {jax.__version__}; device {dev.platform} {dev.device_kind}; tiny={args.tiny}",
-          flush=True)
+    print(f"jax {jax.__version__}; device {dev.platform} {dev.device_kind}; tiny={args.tiny}; "
+          f"layer products in {'XLA' if args.xla_products else 'matmul_kernel'}", flush=True)
     if dev.platform != "gpu" and not args.tiny:
         print("warning: no GPU visible; the full shapes will be slow here (use --tiny)", flush=True)
     dtype = jnp.bfloat16
