@@ -29,6 +29,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltr
 
+from alodlm_jax.window_kernel import power_of_two
+
 __all__ = ["norm_rope", "supported", "TILE_ROWS", "MAX_ROWS"]
 
 # Rows a program normalizes and rotates (fewer where T has no such factor): small, so that one
@@ -41,17 +43,13 @@ TILE_ROWS = 8
 MAX_ROWS = 256
 
 
-def _power_of_two(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
-
-
 def supported(q_shape, k_shape, dtype) -> bool:
     """Where :func:`norm_rope` runs: 16-bit activations, at most :data:`MAX_ROWS` rows, a query
     group and head halves whose sizes are powers of two (Triton's tiles)."""
     rows, n_q, d_h = q_shape
     n_kv = k_shape[1]
     return (jnp.dtype(dtype).itemsize == 2 and rows <= MAX_ROWS and n_q % n_kv == 0
-            and _power_of_two(n_q // n_kv) and d_h % 2 == 0 and _power_of_two(d_h // 2))
+            and power_of_two(n_q // n_kv) and d_h % 2 == 0 and power_of_two(d_h // 2))
 
 
 def _norm_rope_kernel(q_ref, k_ref, v_ref, cos_ref, sin_ref, qw_ref, kw_ref, qo_ref, ko_ref,

@@ -36,6 +36,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltr
 
+from alodlm_jax.window_kernel import power_of_two
+
 __all__ = ["norm_matmul", "matmul_residual", "supported", "MIN_ROWS", "MAX_ROWS"]
 
 # Rows a program multiplies at once: Triton's dot takes at least 16; above 64 the rows re-read by
@@ -52,10 +54,6 @@ MAX_BLOCK_K, STAGE_BYTES, NUM_STAGES = 1024, 64 * 1024, 3
 # Column tiles: 32 columns, or 16 where that leaves fewer than TARGET_PROGRAMS programs (the
 # H200's 132 SMs each reading with one program at least).
 TARGET_PROGRAMS = 128
-
-
-def _power_of_two(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
 
 
 def _block_k(inner: int, rows: int, width: int, item: int) -> int:
@@ -75,7 +73,7 @@ def supported(rows: int, inner: int, columns, dtype) -> bool:
     column tile."""
     tile = _tile(columns)
     return (jnp.dtype(dtype).itemsize == 2 and MIN_ROWS <= rows <= MAX_ROWS
-            and _power_of_two(rows) and _block_k(inner, rows, 2 * tile, 2) >= 16
+            and power_of_two(rows) and _block_k(inner, rows, 2 * tile, 2) >= 16
             and all(n % tile == 0 for n in columns))
 
 

@@ -59,6 +59,11 @@ def _precision(dtype):
     return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
 
 
+def power_of_two(n: int) -> bool:
+    """Whether ``n`` is a power of two (Triton's tensors have power-of-two sizes)."""
+    return n > 0 and n & (n - 1) == 0
+
+
 def block_slots(slots: int) -> int:
     """The cache slots a grid step reads: 512 or 256 where they divide ``slots``, else all."""
     for size in (512, 256):
@@ -94,8 +99,8 @@ def supported(backend: str, *, slots: int, n_kv: int, head_dim: int, rows: int, 
     if backend == "tpu":
         return head_dim % 128 == 0 and (jnp.dtype(dtype).itemsize == 4 or n_kv % 2 == 0)
     tiles = (gpu_rows(rows) * group, head_dim)
-    return (slots % GPU_BLOCK_SLOTS == 0 and group & (group - 1) == 0
-            and all(n >= 16 and n & (n - 1) == 0 for n in tiles))
+    return (slots % GPU_BLOCK_SLOTS == 0 and power_of_two(group)
+            and all(n >= 16 and power_of_two(n) for n in tiles))
 
 
 def _heads(ref, n_kv: int) -> list:
