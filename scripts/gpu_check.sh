@@ -327,12 +327,21 @@ def head_norm_check(cfg, args) -> None:
 
         kernel = jax.jit(lambda qkv: HK.norm_rope(qkv, n_q, n_kv, q_w, k_w, cos, sin, eps,
                                                   interpret=not on_gpu))
-        pairs = list(zip(xla(qkv), kernel(qkv)))
-        equal = sum(int(jnp.sum(a == b)) for a, b in pairs) / sum(a.size for a, _ in pairs)
-        diff = max(float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
-                   for a, b in pairs)
+        equal, diff = agreement(xla(qkv), kernel(qkv))
         print(f"  head norms rows {rows:>4}: kernel vs XLA's form {100 * equal:.3f}% equal, "
               f"max |difference| {diff:.3g}", flush=True)
+
+
+def agreement(want, got) -> tuple[float, float]:
+    """The share of the outputs ``got`` equal bit for bit to ``want`` (two lists of arrays, pair
+    by pair), and the largest difference between them."""
+    pairs = list(zip(want, got, strict=True))
+    equal = sum(int(jnp.sum(a == b)) for a, b in pairs) / sum(a.size for a, _ in pairs)
+    diff = max(float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
+               for a, b in pairs)
+    return equal, diff
+
+
 def layer_kernels_check(cfg, params, args) -> None:
     """A window layer's products with their norms and residual adds (alodlm_jax/matmul_kernel.py)
     and its heads' norms (head_norm_kernel.py) in Triton kernels, what a window layer of one
@@ -374,10 +383,7 @@ def layer_kernels_check(cfg, params, args) -> None:
             jax.block_until_ready(out)
             timed[kernel] = ((time.perf_counter() - t0) / reps / len(layers),
                              jax.tree_util.tree_leaves(out))
-        pairs = list(zip(timed[False][1], timed[True][1]))
-        equal = sum(int(jnp.sum(a == b)) for a, b in pairs) / sum(a.size for a, _ in pairs)
-        diff = max(float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
-                   for a, b in pairs)
+        equal, diff = agreement(timed[False][1], timed[True][1])
         (xla_s, _), (kernel_s, _) = timed[False], timed[True]
         print(f"  layer products rows {rows:>4}: XLA's form {1e6 * xla_s:7.1f} us/layer "
               f"({weights / xla_s / 1e12:4.2f} TB/s of weights), kernels "
