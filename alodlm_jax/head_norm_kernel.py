@@ -8,7 +8,11 @@ join it, so each rotation is a kernel of its own. :func:`norm_rope` is one kerne
 query heads for a tile of rows, reading each head as its two halves so that the rotation is a
 choice of operands rather than a data movement. It takes the values too and returns them as
 they are, so that the three projections arrive as one array, which XLA:GPU writes in the kernel
-that adds the products' split-K partial sums (the values' own kernel before).
+that adds the products' split-K partial sums (the values' own kernel before). Where the GPU
+attention kernel takes the window, it applies the same operations itself
+(:func:`alodlm_jax.window_kernel.window_attention_qkv`, through
+:func:`~alodlm_jax.window_kernel.norm_rope_halves`, which this kernel runs too), and this kernel
+is the fallback for the shapes it does not take.
 
 Numerics: every operation of the XLA form, in its order, with the same roundings: the norm's
 sum of squares in fp32 (summed per half, then added: the XLA form's order of summation is its
@@ -29,7 +33,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltr
 
-from alodlm_jax.window_kernel import power_of_two
+from alodlm_jax.window_kernel import norm_rope_halves, power_of_two, table_halves
 
 __all__ = ["norm_rope", "supported", "TILE_ROWS", "MAX_ROWS"]
 
@@ -54,29 +58,14 @@ def supported(q_shape, k_shape, dtype) -> bool:
 
 def _norm_rope_kernel(q_ref, k_ref, v_ref, cos_ref, sin_ref, qw_ref, kw_ref, qo_ref, ko_ref,
                       vo_ref, *, eps, half):
-    f32 = jnp.float32
-    dtype = qo_ref.dtype
-    cos = cos_ref[:, :half].astype(f32), cos_ref[:, half:].astype(f32)
-    sin = sin_ref[:, :half].astype(f32), sin_ref[:, half:].astype(f32)
+    cos, sin = table_halves(cos_ref), table_halves(sin_ref)
 
-    def round_(x):  # one 16-bit rounding, back in fp32 for the next operation
-        return x.astype(dtype).astype(f32)
+    def one(x_ref, w_ref, o_ref, expand):
+        o_ref[..., :half], o_ref[..., half:] = norm_rope_halves(
+            x_ref, w_ref, tuple(map(expand, cos)), tuple(map(expand, sin)), eps)
 
-    def one(x_ref, w_ref, o_ref, grouped):
-        expand = (lambda t: t[:, None, :]) if grouped else (lambda t: t)
-        x1 = x_ref[..., :half].astype(f32)
-        x2 = x_ref[..., half:].astype(f32)
-        total = jnp.sum(x1 * x1, axis=-1, keepdims=True) + jnp.sum(x2 * x2, axis=-1, keepdims=True)
-        scale = jax.lax.rsqrt(total / (2 * half) + eps)
-        n1 = round_(w_ref[:half].astype(f32) * round_(x1 * scale))
-        n2 = round_(w_ref[half:].astype(f32) * round_(x2 * scale))
-        c1, c2, s1, s2 = (expand(t) for t in (*cos, *sin))
-        # rotate_half(n) = (-n2, n1): out = n * cos + rotate_half(n) * sin
-        o_ref[..., :half] = (round_(n1 * c1) + round_(-n2 * s1)).astype(dtype)
-        o_ref[..., half:] = (round_(n2 * c2) + round_(n1 * s2)).astype(dtype)
-
-    one(q_ref, qw_ref, qo_ref, True)
-    one(k_ref, kw_ref, ko_ref, False)
+    one(q_ref, qw_ref, qo_ref, lambda t: t[:, None, :])
+    one(k_ref, kw_ref, ko_ref, lambda t: t)
     vo_ref[...] = v_ref[...]
 
 

@@ -23,6 +23,10 @@ online softmax:
   the released models: 8, on 132 SMs), so there each prefix is walked in parts (flash-decoding,
   :func:`gpu_splits`): grid ``(B, n_kv, splits)``, each program one run of the prefix's tiles,
   writing its unnormalized output, maximum and sum in fp32; a second kernel combines them.
+  :func:`window_attention_qkv` is the same kernel taking the window's queries and keys as the
+  q/k/v products leave them: each program applies the heads' norms and RoPE itself
+  (:func:`norm_rope_halves`, the operations of :mod:`alodlm_jax.head_norm_kernel`) and the
+  window's keys so made come back for the cache, one kernel a layer fewer.
 
 Numerics: scores, the running maximum and sums and the output accumulation in fp32, products of
 fp32 operands at ``Precision.HIGHEST``, as :func:`alodlm_jax.attention.attend` does; the
@@ -62,6 +66,40 @@ def _precision(dtype):
 def power_of_two(n: int) -> bool:
     """Whether ``n`` is a power of two (Triton's tensors have power-of-two sizes)."""
     return n > 0 and n & (n - 1) == 0
+
+
+def table_halves(ref) -> tuple:
+    """The two halves ``[T, d_h / 2]`` of a RoPE table ref ``[T, d_h]`` (cos or sin), in fp32."""
+    half = ref.shape[-1] // 2
+    return ref[:, :half].astype(jnp.float32), ref[:, half:].astype(jnp.float32)
+
+
+def norm_rope_halves(x_ref, w_ref, cos, sin, eps: float):
+    """Qwen3's head RMSNorm, then rotate-half RoPE, of the heads in ``x_ref`` ``[..., d_h]``
+    (16-bit), read as their two halves so that the rotation is a choice of operands; ``w_ref``
+    the norm's weight ``[d_h]``, ``cos`` and ``sin`` (:func:`table_halves`) broadcasting
+    against a half. Every operation of the XLA form (:func:`alodlm_jax.model.rms_norm`,
+    ``_apply_rope``) in its order, each result rounded to the 16-bit dtype where XLA rounds it
+    (it evaluates 16-bit elementwise operations in fp32): the sum of squares in fp32 (per half,
+    then added), the normalized value, its product with the weight, RoPE's two products and
+    their sum. Returns the rotated halves in ``x_ref``'s dtype; a row of zeros stays zeros. Used
+    by :mod:`alodlm_jax.head_norm_kernel` and by the GPU attention kernel that normalizes its own
+    window (:func:`window_attention_qkv`)."""
+    f32, dtype = jnp.float32, x_ref.dtype
+    half = x_ref.shape[-1] // 2
+
+    def round_(x):  # one 16-bit rounding, back in fp32 for the next operation
+        return x.astype(dtype).astype(f32)
+
+    x1, x2 = x_ref[..., :half].astype(f32), x_ref[..., half:].astype(f32)
+    total = jnp.sum(x1 * x1, axis=-1, keepdims=True) + jnp.sum(x2 * x2, axis=-1, keepdims=True)
+    scale = jax.lax.rsqrt(total / (2 * half) + eps)
+    n1 = round_(w_ref[:half].astype(f32) * round_(x1 * scale))
+    n2 = round_(w_ref[half:].astype(f32) * round_(x2 * scale))
+    (c1, c2), (s1, s2) = cos, sin
+    # rotate_half(n) = (-n2, n1): out = n * cos + rotate_half(n) * sin
+    return ((round_(n1 * c1) + round_(-n2 * s1)).astype(dtype),
+            (round_(n2 * c2) + round_(n1 * s2)).astype(dtype))
 
 
 def block_slots(slots: int) -> int:
@@ -192,8 +230,8 @@ def _tpu_kernel(layer_ref, depth_ref, start_ref, q_ref, kw_ref, vw_ref, k_ref, v
             o_ref[h] = (acc_ref[h] / l_ref[h]).astype(o_ref.dtype)
 
 
-def _gpu_kernel(layer_ref, depth_ref, start_ref, q_ref, kw_ref, vw_ref, k_ref, v_ref, *out_refs,
-                bs: int, rows: int, splits: int):
+def _gpu_kernel(layer_ref, depth_ref, start_ref, q_ref, kw_ref, vw_ref, k_ref, v_ref, *refs,
+                bs: int, rows: int, splits: int, eps: float | None = None):
     """Grid ``(B, n_kv)``: one program per request and KV head loops over the blocks of the
     request's prefix, loading each from the cache at its layer and depth (a strided tile), then
     its window. The head's queries ``[rows, group, d_h]`` are stacked row-major (row ``a * group
@@ -203,14 +241,26 @@ def _gpu_kernel(layer_ref, depth_ref, start_ref, q_ref, kw_ref, vw_ref, k_ref, v
     cut in runs (:func:`_runs`); program ``p`` walks the ``p``-th (the last one also the window)
     and writes its unnormalized part, running maximum and sum (``out_refs``: acc ``[g, d_h]``, m
     and l ``[g]``, fp32) for :func:`_gpu_combine_kernel`; a program past the runs writes
-    nothing."""
+    nothing.
+
+    ``eps`` given (:func:`window_attention_qkv`): the queries and the window's keys arrive as
+    the projections left them, and the program applies the heads' norms and RoPE first
+    (:func:`norm_rope_halves`; ``refs`` begin with cos, sin and the two norms' weights), and
+    writes the window's keys so made to its last output (the first part's program, where the
+    prefix is split)."""
     b = pl.program_id(0)
     h = pl.program_id(1)
     start = start_ref[b]
     depth = depth_ref[b]
     layer = layer_ref[0]
     group = q_ref.shape[1]
-    q = q_ref[...].reshape(rows * group, q_ref.shape[2])
+    if eps is None:
+        out_refs, ko_ref = refs, None
+        q = q_ref[...].reshape(rows * group, q_ref.shape[2])
+        k_window = kw_ref[...]
+    else:
+        cos_ref, sin_ref, qn_ref, kn_ref, *out_refs, ko_ref = refs
+        q, k_window = _normed_window(q_ref, kw_ref, cos_ref, sin_ref, qn_ref, kn_ref, eps)
     g, d_h = q.shape
 
     def block(t, carry):
@@ -228,12 +278,14 @@ def _gpu_kernel(layer_ref, depth_ref, start_ref, q_ref, kw_ref, vw_ref, k_ref, v
 
     def attend(first, last, window):
         walked = jax.lax.fori_loop(first, last, block, carry)
-        return _online(walked, _scores(q, kw_ref[...], window), vw_ref[...].astype(q.dtype))
+        return _online(walked, _scores(q, k_window, window), vw_ref[...].astype(q.dtype))
 
     if splits == 1:
         _, l, acc = attend(0, tiles, window)
         (o_ref,) = out_refs
         o_ref[...] = (acc / l).astype(o_ref.dtype).reshape(o_ref.shape)
+        if ko_ref is not None:
+            ko_ref[...] = k_window.astype(ko_ref.dtype)
         return
     part = pl.program_id(2)
     run, used = _runs(start, bs, splits)
@@ -246,6 +298,29 @@ def _gpu_kernel(layer_ref, depth_ref, start_ref, q_ref, kw_ref, vw_ref, k_ref, v
         acc_ref[...] = acc
         m_ref[...] = m.reshape(g)
         l_ref[...] = l.reshape(g)
+
+    if ko_ref is not None:
+        @pl.when(part == 0)
+        def _():
+            ko_ref[...] = k_window.astype(ko_ref.dtype)
+
+
+def _normed_window(q_ref, kw_ref, cos_ref, sin_ref, qn_ref, kn_ref, eps: float):
+    """A program's stacked queries ``[rows * group, d_h]`` and window keys ``[rows, d_h]`` from
+    their projections, ``q_ref`` ``[rows, group, d_h]`` and ``kw_ref`` ``[rows, d_h]``, with the
+    heads' norms and RoPE applied as :mod:`alodlm_jax.head_norm_kernel` applies them."""
+    cos, sin = table_halves(cos_ref), table_halves(sin_ref)
+
+    def rows(x_ref, w_ref, expand):
+        o1, o2 = norm_rope_halves(x_ref, w_ref, tuple(map(expand, cos)),
+                                  tuple(map(expand, sin)), eps)
+        # [n, d_h] rows from the halves: Triton joins only along a new minor axis of 2, so the
+        # halves are stacked there and that axis is moved before the half's.
+        half = o1.shape[-1]
+        o1, o2 = o1.reshape(-1, half), o2.reshape(-1, half)
+        return jnp.swapaxes(jnp.stack([o1, o2], axis=-1), 1, 2).reshape(o1.shape[0], 2 * half)
+
+    return rows(q_ref, qn_ref, lambda t: t[:, None, :]), rows(kw_ref, kn_ref, lambda t: t)
 
 
 def _runs(start, bs: int, splits: int):
@@ -280,6 +355,92 @@ def _gpu_combine_kernel(start_ref, acc_ref, m_ref, l_ref, o_ref, *, bs: int, spl
     o_ref[...] = (total / norm[:, None]).astype(o_ref.dtype).reshape(o_ref.shape)
 
 
+def _gpu_attention(scalars, window, window_specs, k_all, v_all, *, rows: int, group: int,
+                   read: int, out_bytes: int, flops: int, scores: int, splits: int | None,
+                   interpret: bool, eps: float | None = None):
+    """The GPU kernel's call (and, for a split prefix, the combining one): ``window`` the
+    operands before the cache (q, the window's k and v; with ``eps``, the projections' views,
+    then cos, sin and the norms' weights) and their specs; ``rows`` the padded window rows; the
+    figures from :func:`_operands`.
+    Returns the output ``[B, rows, n_kv, group, d_h]`` and, with ``eps``, the window's keys
+    ``[B, rows, n_kv, d_h]`` as the kernel normalized them (else None)."""
+    batch, _, _, slots, n_kv, d_h = k_all.shape
+    if slots % GPU_BLOCK_SLOTS:
+        raise ValueError(f"the GPU kernel reads {GPU_BLOCK_SLOTS}-slot tiles: {slots} slots")
+    dtype = window[0].dtype
+    splits = gpu_splits(batch, n_kv, slots) if splits is None else splits
+    g = group * rows
+    whole = pl.no_block_spec
+    head_out = pl.BlockSpec((None, rows, None, group, d_h), lambda b, h, *_: (b, 0, h, 0, 0))
+    grouped = jax.ShapeDtypeStruct((batch, rows, n_kv, group, d_h), dtype)
+    if splits == 1:
+        out_shape, out_specs, written = (grouped,), (head_out,), out_bytes
+    else:
+        part = lambda *shape: pl.BlockSpec((None, None, None) + shape,  # noqa: E731
+                                           lambda b, h, p: (b, h, p) + (0,) * len(shape))
+        out_shape = (jax.ShapeDtypeStruct((batch, n_kv, splits, g, d_h), jnp.float32),
+                     jax.ShapeDtypeStruct((batch, n_kv, splits, g), jnp.float32),
+                     jax.ShapeDtypeStruct((batch, n_kv, splits, g), jnp.float32))
+        out_specs = (part(g, d_h), part(g), part(g))
+        written = parts = sum(4 * s.size for s in out_shape)
+    if eps is not None:  # the window's keys, normalized and rotated
+        keys = jax.ShapeDtypeStruct((batch, rows, n_kv, d_h), dtype)
+        out_shape += (keys,)
+        out_specs += (pl.BlockSpec((None, rows, None, d_h), lambda b, h, *_: (b, 0, h, 0)),)
+        written += keys.size * jnp.dtype(dtype).itemsize
+    # XLA:GPU keeps no cost estimate: the figures travel in the kernel's metadata.
+    moved = read + written
+    out = pl.pallas_call(
+        functools.partial(_gpu_kernel, bs=GPU_BLOCK_SLOTS, rows=rows, splits=splits, eps=eps),
+        out_shape=out_shape,
+        grid=(batch, n_kv) if splits == 1 else (batch, n_kv, splits),
+        in_specs=[whole, whole, whole, *window_specs[:3], whole, whole, *window_specs[3:]],
+        out_specs=out_specs,
+        compiler_params=pltr.CompilerParams(num_warps=4, num_stages=2),
+        metadata={"bytes_accessed": str(moved), "flops": str(flops),
+                  "programs": str(batch * n_kv * splits)},
+        cost_estimate=pl.CostEstimate(flops=flops, transcendentals=scores, bytes_accessed=moved),
+        interpret=interpret)(*scalars, *window[:3], k_all, v_all, *window[3:])
+    keys = out[-1] if eps is not None else None
+    if splits == 1:
+        return out[0], keys
+    # As many programs: each combines the parts of rows / chunks window rows.
+    chunks = min(splits, rows)
+    part_rows = lambda *shape: pl.BlockSpec(  # noqa: E731
+        (None, None, splits, g // chunks) + shape, lambda b, h, c: (b, h, 0, c) + (0,) * len(shape))
+    combined = pl.pallas_call(
+        functools.partial(_gpu_combine_kernel, bs=GPU_BLOCK_SLOTS, splits=splits),
+        out_shape=grouped,
+        grid=(batch, n_kv, chunks),
+        in_specs=[whole, part_rows(d_h), part_rows(), part_rows()],
+        out_specs=pl.BlockSpec((None, rows // chunks, None, group, d_h),
+                               lambda b, h, c: (b, c, h, 0, 0)),
+        compiler_params=pltr.CompilerParams(num_warps=4),
+        metadata={"bytes_accessed": str(parts + out_bytes), "flops": "0",
+                  "programs": str(batch * n_kv * chunks)},
+        interpret=interpret)(scalars[2], *out[:3])
+    return combined, keys
+
+
+def _operands(q_shape, n_kv: int, dtype, k_all, v_all, layer, depth, start):
+    """What both kernels' calls start from: the cache with a depth axis (one of size 1 where
+    ``depth`` is None), the scalar operands (layer ``[1]``, depth and start ``[B]``), and the
+    call's figures: bytes read (each request's K/V at one depth, its window's queries, keys and
+    values) and written (the output's window rows, not the GPU's padding rows), scores, FLOPs."""
+    batch, rows, n_q, d_h = q_shape
+    if depth is None:
+        k_all, v_all = k_all[:, :, None], v_all[:, :, None]
+        depth = jnp.zeros((batch,), jnp.int32)
+    slots = k_all.shape[3]
+    item, q_item = jnp.dtype(k_all.dtype).itemsize, jnp.dtype(dtype).itemsize
+    out_bytes = batch * rows * n_q * d_h * q_item
+    read = 2 * batch * slots * n_kv * d_h * item + 2 * batch * rows * n_kv * d_h * item + out_bytes
+    scores = batch * n_q * rows * (slots + rows)
+    scalars = (jnp.reshape(jnp.asarray(layer, jnp.int32), (1,)), jnp.asarray(depth, jnp.int32),
+               jnp.asarray(start, jnp.int32))
+    return k_all, v_all, scalars, read, out_bytes, scores, 4 * scores * d_h  # both products
+
+
 def window_attention(q, k, v, k_all, v_all, layer, depth, start, *, backend: str = "tpu",
                      interpret: bool = False, splits: int | None = None):
     """Each request's window attention over its prefix in the batch's cache and its window.
@@ -294,19 +455,9 @@ def window_attention(q, k, v, k_all, v_all, layer, depth, start, *, backend: str
     batch, rows, n_q, d_h = q.shape
     n_kv = k.shape[2]
     group = n_q // n_kv
-    if depth is None:
-        k_all, v_all = k_all[:, :, None], v_all[:, :, None]
-        depth = jnp.zeros((batch,), jnp.int32)
+    k_all, v_all, scalars, read, out_bytes, scores, flops = _operands(
+        q.shape, n_kv, q.dtype, k_all, v_all, layer, depth, start)
     slots = k_all.shape[3]
-    item = jnp.dtype(k_all.dtype).itemsize
-    # Read: each request's K/V (one depth, at most), its window's K/V and queries; written: the
-    # output (the window's rows: the GPU's padding rows are not counted).
-    read = 2 * batch * slots * n_kv * d_h * item + 2 * k.size * item + q.size * q.dtype.itemsize
-    out_bytes = q.size * q.dtype.itemsize
-    scores = batch * n_q * rows * (slots + rows)
-    flops = 4 * scores * d_h  # both products of every score
-    scalars = (jnp.reshape(jnp.asarray(layer, jnp.int32), (1,)), jnp.asarray(depth, jnp.int32),
-               jnp.asarray(start, jnp.int32))
     if backend == "tpu":
         # [B, n_kv, group*W, d_h]: row j*W + a is query row a of the kv head's j-th query head.
         g = group * rows
@@ -342,61 +493,57 @@ def window_attention(q, k, v, k_all, v_all, layer, depth, start, *, backend: str
         return out.reshape(batch, n_kv, group, rows, d_h).transpose(0, 3, 1, 2, 4).reshape(
             batch, rows, n_q, d_h)
     if backend == "gpu":
-        if slots % GPU_BLOCK_SLOTS:
-            raise ValueError(f"the GPU kernel reads {GPU_BLOCK_SLOTS}-slot tiles: {slots} slots")
         real, rows = rows, gpu_rows(rows)
         if rows != real:  # zero rows after the window: no real row sees them, their outputs go
             pad = lambda x: jnp.pad(x, ((0, 0), (0, rows - real), (0, 0), (0, 0)))  # noqa: E731
             q, k, v = pad(q), pad(k), pad(v)
-        splits = gpu_splits(batch, n_kv, slots) if splits is None else splits
-        g = group * rows
-        whole = pl.no_block_spec
         # q and the output as [B, W, n_kv, group, d_h] (a reshape of [B, W, n_q, d_h], no copy).
         head_q = pl.BlockSpec((None, rows, None, group, d_h), lambda b, h, *_: (b, 0, h, 0, 0))
         head_window = pl.BlockSpec((None, rows, None, d_h), lambda b, h, *_: (b, 0, h, 0))
-        grouped = q.reshape(batch, rows, n_kv, group, d_h)
-        if splits == 1:
-            out_shape, out_specs = jax.ShapeDtypeStruct(grouped.shape, q.dtype), head_q
-            written = out_bytes
-        else:
-            part = lambda *shape: pl.BlockSpec((None, None, None) + shape,  # noqa: E731
-                                               lambda b, h, p: (b, h, p) + (0,) * len(shape))
-            out_shape = (jax.ShapeDtypeStruct((batch, n_kv, splits, g, d_h), jnp.float32),
-                         jax.ShapeDtypeStruct((batch, n_kv, splits, g), jnp.float32),
-                         jax.ShapeDtypeStruct((batch, n_kv, splits, g), jnp.float32))
-            out_specs = (part(g, d_h), part(g), part(g))
-            written = sum(4 * s.size for s in out_shape)
-        # XLA:GPU keeps no cost estimate: the figures travel in the kernel's metadata.
-        moved = read + written
-        call = pl.pallas_call(
-            functools.partial(_gpu_kernel, bs=GPU_BLOCK_SLOTS, rows=rows, splits=splits),
-            out_shape=out_shape,
-            grid=(batch, n_kv) if splits == 1 else (batch, n_kv, splits),
-            in_specs=[whole, whole, whole, head_q, head_window, head_window, whole, whole],
-            out_specs=out_specs,
-            compiler_params=pltr.CompilerParams(num_warps=4, num_stages=2),
-            metadata={"bytes_accessed": str(moved), "flops": str(flops),
-                      "programs": str(batch * n_kv * splits)},
-            cost_estimate=pl.CostEstimate(flops=flops, transcendentals=scores,
-                                          bytes_accessed=moved),
+        out, _ = _gpu_attention(
+            scalars, (q.reshape(batch, rows, n_kv, group, d_h), k, v),
+            [head_q, head_window, head_window], k_all, v_all, rows=rows, group=group,
+            read=read, out_bytes=out_bytes, flops=flops, scores=scores, splits=splits,
             interpret=interpret)
-        out = call(*scalars, grouped, k, v, k_all, v_all)
-        if splits > 1:
-            # As many programs: each combines the parts of rows / chunks window rows.
-            chunks = min(splits, rows)
-            part_rows = lambda *shape: pl.BlockSpec(  # noqa: E731
-                (None, None, splits, g // chunks) + shape,
-                lambda b, h, c: (b, h, 0, c) + (0,) * len(shape))
-            out = pl.pallas_call(
-                functools.partial(_gpu_combine_kernel, bs=GPU_BLOCK_SLOTS, splits=splits),
-                out_shape=jax.ShapeDtypeStruct(grouped.shape, q.dtype),
-                grid=(batch, n_kv, chunks),
-                in_specs=[whole, part_rows(d_h), part_rows(), part_rows()],
-                out_specs=pl.BlockSpec((None, rows // chunks, None, group, d_h),
-                                       lambda b, h, c: (b, c, h, 0, 0)),
-                compiler_params=pltr.CompilerParams(num_warps=4),
-                metadata={"bytes_accessed": str(written + out_bytes), "flops": "0",
-                          "programs": str(batch * n_kv * chunks)},
-                interpret=interpret)(scalars[2], *out)
         return out.reshape(batch, rows, n_q, d_h)[:, :real]
     raise ValueError(f"backend must be 'tpu' or 'gpu', not {backend!r}")
+
+
+def window_attention_qkv(qkv, n_q: int, q_weight, k_weight, cos, sin, eps: float, k_all, v_all,
+                         layer, depth, start, *, interpret: bool = False,
+                         splits: int | None = None):
+    """:func:`window_attention` on an NVIDIA GPU for queries and window keys as the projections
+    leave them: the kernel applies the heads' norms and RoPE first, as
+    :func:`alodlm_jax.head_norm_kernel.norm_rope` would in a kernel of its own
+    (:func:`norm_rope_halves`).
+
+    ``qkv`` ``[B, W, n_q + 2 n_kv, d_h]`` (16-bit, as the cache; the heads of q, k and v in that
+    order), the norms' weights ``[d_h]``, cos/sin ``[B, W, d_h]``
+    (:func:`alodlm_jax.model.rope_tables`); the rest as :func:`window_attention`. Returns the
+    output ``[B, W, n_q, d_h]`` and the window's keys ``[B, W, n_kv, d_h]`` as normalized and
+    rotated (for the cache); the window's values are ``qkv``'s last ``n_kv`` heads as they
+    are. Where :func:`supported` says so for the GPU; ``interpret`` runs it in Pallas's
+    interpreter."""
+    batch, real, heads, d_h = qkv.shape
+    n_kv = (heads - n_q) // 2
+    group = n_q // n_kv
+    k_all, v_all, scalars, read, out_bytes, scores, flops = _operands(
+        (batch, real, n_q, d_h), n_kv, qkv.dtype, k_all, v_all, layer, depth, start)
+    read += (cos.size + sin.size) * cos.dtype.itemsize
+    rows = gpu_rows(real)
+    if rows != real:  # zero rows after the window: they stay zeros, and no real row sees them
+        qkv = jnp.pad(qkv, ((0, 0), (0, rows - real), (0, 0), (0, 0)))
+        cos, sin = (jnp.pad(t, ((0, 0), (0, rows - real), (0, 0))) for t in (cos, sin))
+    head = lambda first: pl.BlockSpec((None, rows, None, d_h),  # noqa: E731
+                                      lambda b, h, *_: (b, 0, first + h, 0))
+    table = pl.BlockSpec((None, rows, d_h), lambda b, h, *_: (b, 0, 0))
+    weight = pl.no_block_spec
+    out, keys = _gpu_attention(
+        scalars,
+        (qkv, qkv, qkv, cos, sin, q_weight.astype(qkv.dtype), k_weight.astype(qkv.dtype)),
+        # the KV head's group of query heads: block h of `group` heads
+        [pl.BlockSpec((None, rows, group, d_h), lambda b, h, *_: (b, 0, h, 0)),
+         head(n_q), head(n_q + n_kv), table, table, weight, weight],
+        k_all, v_all, rows=rows, group=group, read=read, out_bytes=out_bytes, flops=flops,
+        scores=scores, splits=splits, interpret=interpret, eps=float(eps))
+    return out.reshape(batch, rows, n_q, d_h)[:, :real], keys[:, :real]

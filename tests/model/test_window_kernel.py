@@ -110,6 +110,52 @@ def test_kernel_in_bf16_agrees_to_bf16_resolution(backend, n_kv):
                                atol=2e-2)
 
 
+def _projections(dtype, *, batch=3, rows=8, n_q=4, n_kv=2, d_h=128, seed=0):
+    """The window's projections ``[B, W, n_q + 2 n_kv, d_h]`` (as the model's q/k/v product
+    writes them), the heads' norm weights and each request's RoPE tables ``[B, W, d_h]``."""
+    from alodlm_jax import model as M
+
+    rng = np.random.default_rng(seed)
+    qkv = jnp.asarray(2 * rng.standard_normal((batch, rows, n_q + 2 * n_kv, d_h)), dtype)
+    q_w, k_w = (jnp.asarray(1 + 0.1 * rng.standard_normal(d_h), dtype) for _ in range(2))
+    tables = [M.rope_tables(jnp.arange(rows) + 100 * b + 7, d_h, 1e6, dtype)
+              for b in range(batch)]
+    return qkv, q_w, k_w, jnp.stack([c for c, _ in tables]), jnp.stack([s for _, s in tables])
+
+
+# Rows: 8 and 5 padded to 16; query groups of 2 and 4; the prefix in parts (2, or the default
+# 8) and whole; fp32 and bf16.
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("rows,n_q,splits", [(8, 4, None), (5, 4, 2), (16, 8, 1), (8, 8, 2)])
+def test_gpu_kernel_normalizing_its_window_is_the_two_kernels(dtype, rows, n_q, splits):
+    """:func:`~alodlm_jax.window_kernel.window_attention_qkv` (the heads' norms and RoPE inside
+    the attention kernel) performs the operations of
+    :func:`~alodlm_jax.head_norm_kernel.norm_rope` and then
+    :func:`~alodlm_jax.window_kernel.window_attention`: in Pallas's interpreter its keys are
+    norm_rope's to the bit, and its output theirs to rounding (the queries' halves are joined
+    in the kernel, and XLA:CPU may then multiply them in another order: a unit in the last
+    place, fp32's or bf16's)."""
+    from alodlm_jax import head_norm_kernel as HK
+
+    qkv, q_w, k_w, cos, sin = _projections(dtype, rows=rows, n_q=n_q)
+    *_, k_all, v_all = _operands(dtype, rows=rows, n_q=n_q)
+    start = jnp.asarray([0, 200, 500], jnp.int32)
+    depth = jnp.asarray([2, 0, 1], jnp.int32)
+    q, k, v = (jnp.stack(x) for x in zip(*(
+        HK.norm_rope(qkv[b], n_q, 2, q_w, k_w, cos[b], sin[b], 1e-6, interpret=True)
+        for b in range(3))))
+    want = WK.window_attention(q, k, v, k_all, v_all, jnp.int32(1), depth, start, backend="gpu",
+                               interpret=True, splits=splits)
+    got, keys = WK.window_attention_qkv(qkv, n_q, q_w, k_w, cos, sin, 1e-6, k_all, v_all,
+                                        jnp.int32(1), depth, start, interpret=True,
+                                        splits=splits)
+    assert got.dtype == keys.dtype == dtype and got.shape == want.shape
+    np.testing.assert_array_equal(np.asarray(keys), np.asarray(k))
+    tolerance = dict(rtol=0, atol=2e-6) if dtype == jnp.float32 else dict(rtol=2 ** -7, atol=0)
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                               **tolerance)
+
+
 def test_block_sizes_and_supported_shapes():
     assert [WK.block_slots(n) for n in (5376, 5120, 768, 96)] == [256, 512, 256, 96]
     released = dict(slots=5376, n_kv=8, head_dim=128, rows=32, group=4, dtype=jnp.bfloat16)
@@ -167,13 +213,17 @@ GPU_COMPILE = textwrap.dedent("""
     spec = lambda shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype, sharding=on_gpu)
     cache = spec((2, 2, 3, 768, 8, 128))
     window = spec((2, 16, 8, 128))
+    scalars = spec((), jnp.int32), spec((2,), jnp.int32), spec((2,), jnp.int32)
     found = []
-    for splits in (None, 1):
-        fn = lambda *a: WK.window_attention(*a, backend="gpu", splits=splits)
-        compiled = jax.jit(fn).lower(spec((2, 16, 16, 128)), window, window, cache, cache,
-                                     spec((), jnp.int32), spec((2,), jnp.int32),
-                                     spec((2,), jnp.int32)).compile()
-        text = compiled.as_text()
+    for splits, normed in ((None, False), (1, False), (None, True)):
+        if normed:  # the projections as they leave the product: the kernel normalizes them
+            fn = lambda *a: WK.window_attention_qkv(a[0], 16, *a[1:5], 1e-6, *a[5:], splits=splits)
+            operands = (spec((2, 16, 32, 128)), spec((128,)), spec((128,)), spec((2, 16, 128)),
+                        spec((2, 16, 128)), cache, cache, *scalars)
+        else:
+            fn = lambda *a: WK.window_attention(*a, backend="gpu", splits=splits)
+            operands = (spec((2, 16, 16, 128)), window, window, cache, cache, *scalars)
+        text = jax.jit(fn).lower(*operands).compile().as_text()
         module = hlo.parse(text)
         calls = [i for c in module.computations.values() for i in c.instructions
                  if i.opcode == "custom-call"]
@@ -191,8 +241,9 @@ GPU_COMPILE = textwrap.dedent("""
 @pytest.mark.skipif(not (HAVE_GPU or (GPU_DIR / "jax_cuda12_plugin").is_dir()),
                     reason="needs the aot extra (jax-cuda12-plugin, -pjrt, ptxas)")
 def test_gpu_kernel_compiles_for_a_gpu_without_one():
-    """XLA:GPU compiles the Triton kernel (JAX's CUDA plugin and ptxas, no GPU), and the plan
-    reads what it moves from the kernel's metadata: one depth of each request's K/V; and its
+    """XLA:GPU compiles the Triton kernel (JAX's CUDA plugin and ptxas, no GPU), also the form
+    that applies the heads' norms itself, and the plan reads what it moves from the kernel's
+    metadata: one depth of each request's K/V; and its
     FLOPs: both products of every query row with the slots it may see. In a child process with
     the plugin on its path, as tests/plan runs the GPU plan."""
     env = dict(os.environ, JAX_PLATFORMS="cpu",
@@ -200,7 +251,7 @@ def test_gpu_kernel_compiles_for_a_gpu_without_one():
     done = subprocess.run([sys.executable, "-c", GPU_COMPILE], env=env, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    split, whole = json.loads(done.stdout)
+    split, whole, normed = json.loads(done.stdout)
     one_depth = 2 * 2 * 768 * 8 * 128 * 2
     read = one_depth + 2 * (2 * 16 * 8 * 128 * 2) + 2 * 16 * 16 * 128 * 2  # + window K/V, queries
     out = 2 * 16 * 16 * 128 * 2
@@ -214,3 +265,8 @@ def test_gpu_kernel_compiles_for_a_gpu_without_one():
                      "programs": [[[read + parts, 64]], [[parts + out, 64]]]}
     assert whole == {"triton": 1, "fusions": 0, "bytes": [read + out], "flops": [flops],
                      "programs": [[[read + out, 16]]]}
+    # The kernel that applies the heads' norms and RoPE also reads the RoPE tables and writes
+    # the window's keys; the rest as before (the norms' weights are not counted).
+    moved = read + 2 * 2 * 16 * 128 * 2 + parts + 2 * 16 * 8 * 128 * 2
+    assert normed == {"triton": 2, "fusions": 0, "bytes": [moved, parts + out],
+                      "flops": [flops, 0], "programs": [[[moved, 64]], [[parts + out, 64]]]}
