@@ -412,15 +412,13 @@ def _window_layer(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax
     batch of one (:func:`~alodlm_jax.attention.kernel_attention`), which reads the prefix where it
     lies instead of XLA's copies of the buffer, its scores and its probabilities.
     """
-    q, k, v = _qkv(lp, eps, h, cos, sin, kernel)
+    if kernel:
+        attn, k, v = _kernel_qkv_attention(lp, eps, h, cos, sin, k_all, v_all, index, start)
+        return _attention_out_and_mlp(lp, eps, h, attn, kernel), k, v
+    q, k, v = _qkv(lp, eps, h, cos, sin)
     k = k.astype(k_all.dtype)
     v = v.astype(v_all.dtype)
     index = tuple(jnp.asarray(i, jnp.int32) for i in index)
-    if kernel:
-        depth = None if len(index) == 1 else index[1][None]
-        attn = A.kernel_attention(q[None], k[None], v[None], k_all[None], v_all[None], index[0],
-                                  depth, start[None], size=k_all.shape[len(index)])[0]
-        return _attention_out_and_mlp(lp, eps, h, attn, kernel), k, v
 
     def attend_first(size, q, k, v, k_all, v_all):
         k_pre = A.first_slots(k_all, index, size).astype(q.dtype)
@@ -429,6 +427,83 @@ def _window_layer(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax
 
     attn = _on_kv_bucket(k_all.shape[len(index)], kv_bucket, attend_first, q, k, v, k_all, v_all)
     return _attention_out_and_mlp(lp, eps, h, attn), k, v
+
+
+def _normed_attention(lp: Params, h: jax.Array, k_all: jax.Array, rows: int) -> bool:
+    """Whether a window layer under the kernel policy may hand its q/k/v products to the
+    attention kernel as they are, which then applies the heads' norms and RoPE itself, on an
+    NVIDIA GPU (:func:`~alodlm_jax.window_kernel.window_attention_qkv`): 16-bit activations and
+    cache (K's and V's share a dtype), shapes both :func:`~alodlm_jax.head_norm_kernel.supported`
+    (at most its ``MAX_ROWS`` rows: where XLA writes the three products as one array anyway) and
+    the GPU attention kernel take (``rows``: a request's window rows); one kernel a layer fewer
+    than the heads' norm kernel and the attention kernel. (Pallas's Triton modules are imported
+    only where a program may run them.)"""
+    from alodlm_jax import head_norm_kernel as HK
+    from alodlm_jax import window_kernel as WK
+    n_q, d_h = lp["q"].shape[1:]
+    n_kv = lp["k"].shape[1]
+    return (h.dtype == k_all.dtype
+            and HK.supported((h.shape[0], n_q, d_h), (h.shape[0], n_kv, d_h), h.dtype)
+            and WK.supported("gpu", slots=k_all.shape[-3], n_kv=n_kv, head_dim=d_h, rows=rows,
+                             group=n_q // n_kv, dtype=k_all.dtype))
+
+
+def _qkv_projections(lp: Params, eps: float, h: jax.Array) -> jax.Array:
+    """The input norm and the q/k/v products of ``h [T, H]`` as one array ``[T, n_q + 2 n_kv,
+    d_h]`` (the heads of q, k, v in that order), on an NVIDIA GPU: in one kernel where
+    :func:`alodlm_jax.matmul_kernel.supported` says so, else XLA's products side by side."""
+    from alodlm_jax import matmul_kernel as MK
+    (hidden, n_q, d_h), n_kv = lp["q"].shape, lp["k"].shape[1]
+    if MK.supported(h.shape[0], hidden, (n_q * d_h, n_kv * d_h, n_kv * d_h), h.dtype):
+        return MK.norm_matmul(h, lp["input_norm"], [lp[n].reshape(hidden, -1) for n in "qkv"],
+                              eps).reshape(h.shape[0], n_q + 2 * n_kv, d_h)
+    a = rms_norm(h, lp["input_norm"], eps)
+    return jnp.concatenate([_mm("th,hnd->tnd", a, lp[n]) for n in "qkv"], axis=1)
+
+
+def _normed_window_attention(lp: Params, eps: float, qkv: jax.Array, cos: jax.Array,
+                             sin: jax.Array, k_all, v_all, layer, depth, start):
+    """:func:`~alodlm_jax.window_kernel.window_attention_qkv` of the requests' projections
+    ``qkv [B, W, n_q + 2 n_kv, d_h]``: ``(attn [B, W, n_q, d_h], k, v [B, W, n_kv, d_h])``, the
+    values those of ``qkv`` as they are."""
+    from alodlm_jax import window_kernel as WK
+    n_q, n_kv = lp["q"].shape[1], lp["k"].shape[1]
+    attn, k = WK.window_attention_qkv(qkv, n_q, lp["q_norm"], lp["k_norm"], cos, sin, eps, k_all,
+                                      v_all, layer, depth, start)
+    return attn, k, qkv[:, :, n_q + n_kv:]
+
+
+def _kernel_qkv_attention(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax.Array,
+                          k_all: jax.Array, v_all: jax.Array, index: tuple, start: jax.Array):
+    """A window's queries, keys and values (:func:`_qkv`) and its attention in the platform's
+    Pallas kernel as a batch of one (:func:`~alodlm_jax.attention.kernel_attention`): ``(attn
+    [T, n_q, d_h], k, v [T, n_kv, d_h])``, k and v in the cache's dtype; on an NVIDIA GPU where
+    :func:`_normed_attention` says so, the products' output goes to the attention kernel as it
+    is (:func:`_normed_window_attention`)."""
+    size = k_all.shape[len(index)]
+
+    def cache_index():  # the layer, and the depth as [1] (None without a depth axis)
+        layer, *depth = (jnp.asarray(i, jnp.int32) for i in index)
+        return layer, depth[0][None] if depth else None
+
+    def separate(h):
+        q, k, v = _qkv(lp, eps, h, cos, sin, True)
+        k, v = k.astype(k_all.dtype), v.astype(v_all.dtype)
+        layer, depth = cache_index()
+        attn = A.kernel_attention(q[None], k[None], v[None], k_all[None], v_all[None], layer,
+                                  depth, start[None], size=size)[0]
+        return attn, k, v
+
+    if not _normed_attention(lp, h, k_all, h.shape[0]):
+        return separate(h)
+
+    def fused(h):
+        layer, depth = cache_index()
+        return tuple(x[0] for x in _normed_window_attention(
+            lp, eps, _qkv_projections(lp, eps, h)[None], cos[None], sin[None], k_all[None],
+            v_all[None], layer, depth, start[None]))
+
+    return jax.lax.platform_dependent(h, cuda=fused, default=separate)
 
 
 def run_window_stack(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Array,
@@ -502,7 +577,30 @@ def _window_layer_rows(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin
     :class:`~alodlm_jax.rows.RowMap`: each lane's queries attend over its request's prefix (read
     from the batch's buffers at that request's index and depth) and window rows exactly as
     :func:`_window_layer` does. ``kernel`` (in-order lanes only): the lanes attend in the
-    platform's Pallas kernel instead (:func:`~alodlm_jax.attention.kernel_attention`)."""
+    platform's Pallas kernel instead (:func:`~alodlm_jax.attention.kernel_attention`); on an
+    NVIDIA GPU, where :func:`_normed_attention` says so, the q/k/v products' output goes to it as
+    it is (:func:`_normed_window_attention`)."""
+    if not (kernel and m.in_order and kv_bucket is None
+            and _normed_attention(lp, h, k_all, rows)):
+        return _window_layer_lanes(lp, eps, h, cos, sin, k_all, v_all, layer, depth, start,
+                                   kv_bucket, m, rows, kernel)
+
+    def fused(h):  # in-order lanes: a request's lane is its padded rows (from_rows)
+        attn, k, v = _normed_window_attention(
+            lp, eps, R.to_lanes(_qkv_projections(lp, eps, h), m, rows), R.to_lanes(cos, m, rows),
+            R.to_lanes(sin, m, rows), k_all, v_all, jnp.asarray(layer, jnp.int32), depth,
+            jnp.where(m.lane_valid, start, 0))
+        return _attention_out_and_mlp(lp, eps, h, R.from_lanes(attn, m), kernel), k, v
+
+    return jax.lax.platform_dependent(h, cuda=fused, default=lambda h: _window_layer_lanes(
+        lp, eps, h, cos, sin, k_all, v_all, layer, depth, start, kv_bucket, m, rows, kernel))
+
+
+def _window_layer_lanes(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax.Array,
+                        k_all: jax.Array, v_all: jax.Array, layer, depth, start: jax.Array,
+                        kv_bucket: jax.Array, m: R.RowMap, rows: int, kernel: bool):
+    """:func:`_window_layer_rows` with the queries, keys and values made first
+    (:func:`_qkv`) and moved to the lanes."""
     q, k, v = _qkv(lp, eps, h, cos, sin, kernel)
     k = k.astype(k_all.dtype)
     v = v.astype(v_all.dtype)

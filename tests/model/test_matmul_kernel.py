@@ -10,6 +10,7 @@ import pytest
 from alodlm_jax import head_norm_kernel as HK
 from alodlm_jax import matmul_kernel as MK
 from alodlm_jax import model as M
+from alodlm_jax import window_kernel as WK
 
 from . import gpu_compile
 
@@ -92,6 +93,34 @@ def _layer(rng, dtype, hidden, n_q, n_kv, d_h, inner):
             "down_proj": draw(inner, hidden)}
 
 
+def _on_cuda_interpreted(monkeypatch) -> list:
+    """Runs the model as it would run on an NVIDIA GPU (``platform_dependent``'s cuda branch)
+    with the GPU kernels in Pallas's interpreter; returns the list their calls' names go to."""
+    calls = []
+
+    def interpreted(fn):
+        def run(*args, **kwargs):
+            calls.append(fn.__name__)
+            return fn(*args, **dict(kwargs, interpret=True))
+        return run
+
+    monkeypatch.setattr(jax.lax, "platform_dependent", lambda *args, cuda, **_: cuda(*args))
+    for module, name in ((MK, "norm_matmul"), (MK, "matmul_residual"), (HK, "norm_rope"),
+                         (WK, "window_attention_qkv"), (WK, "window_attention")):
+        monkeypatch.setattr(module, name, interpreted(getattr(module, name)))
+    return calls
+
+
+def _assert_close(got, want, tolerance: float):
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32),
+                                   rtol=tolerance, atol=tolerance)
+
+
+PRODUCTS = ["matmul_residual", "matmul_residual", "norm_matmul", "norm_matmul"]
+
+
 def test_the_model_wires_the_kernels_as_its_xla_form(monkeypatch):
     """A window layer's q/k/v and its output and MLP as the model runs them on an NVIDIA GPU
     (``platform_dependent``'s cuda branch, the kernels in the interpreter) against the model's
@@ -103,25 +132,64 @@ def test_the_model_wires_the_kernels_as_its_xla_form(monkeypatch):
     attn = _draw(rng, jnp.bfloat16, rows, n_q, d_h)
     cos, sin = M.rope_tables(jnp.arange(rows) + 100, d_h, 1e6, jnp.bfloat16)
     want = (*M._qkv(lp, EPS, h, cos, sin), M._attention_out_and_mlp(lp, EPS, h, attn))
-    calls = []
-
-    def interpreted(fn):
-        def run(*args, **kwargs):
-            calls.append(fn.__name__)
-            return fn(*args, **kwargs, interpret=True)
-        return run
-
-    monkeypatch.setattr(jax.lax, "platform_dependent", lambda *args, cuda, default: cuda(*args))
-    for module, name in ((MK, "norm_matmul"), (MK, "matmul_residual"), (HK, "norm_rope")):
-        monkeypatch.setattr(module, name, interpreted(getattr(module, name)))
+    calls = _on_cuda_interpreted(monkeypatch)
     got = (*M._qkv(lp, EPS, h, cos, sin, kernel=True),
            M._attention_out_and_mlp(lp, EPS, h, attn, kernel=True))
-    assert sorted(calls) == ["matmul_residual", "matmul_residual", "norm_matmul", "norm_matmul",
-                             "norm_rope"]
-    for g, w in zip(got, want, strict=True):
-        assert g.shape == w.shape and g.dtype == w.dtype
-        g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
-        np.testing.assert_allclose(g, w, rtol=2.0 ** -5, atol=2.0 ** -6)
+    assert sorted(calls) == sorted(PRODUCTS + ["norm_rope"])
+    _assert_close(got, want, 2.0 ** -5)
+
+
+def test_the_window_layer_hands_the_products_to_the_attention_kernel(monkeypatch):
+    """A single request's window layer as the model runs it on an NVIDIA GPU (bf16, 32 rows:
+    ``platform_dependent``'s cuda branch, the kernels in the interpreter): the q/k/v product
+    kernel's output goes to the attention kernel as it is, which applies the heads' norms and
+    RoPE (no :func:`~alodlm_jax.head_norm_kernel.norm_rope` call); the layer's output and the
+    window's K/V are the XLA form's to a bf16 step or two, the values the product's own."""
+    rng = np.random.default_rng(3)
+    rows, hidden, n_q, n_kv, d_h, inner, slots = 32, 256, 4, 2, 64, 512, 128
+    lp = _layer(rng, jnp.bfloat16, hidden, n_q, n_kv, d_h, inner)
+    h = _draw(rng, jnp.bfloat16, rows, hidden, scale=2.0)
+    cos, sin = M.rope_tables(jnp.arange(rows) + 100, d_h, 1e6, jnp.bfloat16)
+    k_all, v_all = (_draw(rng, jnp.bfloat16, 3, 2, slots, n_kv, d_h) for _ in range(2))
+    index, start = (jnp.int32(1), jnp.int32(2)), jnp.int32(70)
+    want = M._window_layer(lp, EPS, h, cos, sin, k_all, v_all, index, start, None)
+    calls = _on_cuda_interpreted(monkeypatch)
+    got = M._window_layer(lp, EPS, h, cos, sin, k_all, v_all, index, start, None, kernel=True)
+    assert sorted(calls) == sorted(PRODUCTS + ["window_attention_qkv"])
+    _assert_close(got, want, 2.0 ** -5)
+
+
+def test_the_batch_layer_hands_the_products_to_the_attention_kernel(monkeypatch):
+    """The same for a batch step's window layer (in-order lanes, two requests of 16 rows, one
+    of them with 9 valid), against the same layer with the heads' norms in their own kernel
+    (both on the cuda branch, interpreted): the output to a bf16 step, and the window's K/V in
+    each request's padded rows, zeros past its count."""
+    from alodlm_jax import rows as R
+
+    rng = np.random.default_rng(4)
+    rows, hidden, n_q, n_kv, d_h, inner, slots = 16, 256, 4, 2, 64, 512, 128
+    lp = _layer(rng, jnp.bfloat16, hidden, n_q, n_kv, d_h, inner)
+    m = R.row_map(jnp.asarray([16, 9], jnp.int32), 2 * rows, in_order=True)
+    h = _draw(rng, jnp.bfloat16, 2 * rows, hidden, scale=2.0)
+    cos, sin = M.rope_tables(jnp.arange(2 * rows) + 100, d_h, 1e6, jnp.bfloat16)
+    k_all, v_all = (_draw(rng, jnp.bfloat16, 2, 3, 2, slots, n_kv, d_h) for _ in range(2))
+    layer, depth, start = jnp.int32(1), jnp.asarray([0, 1], jnp.int32), jnp.asarray([70, 3])
+    calls = _on_cuda_interpreted(monkeypatch)
+
+    def run():
+        calls.clear()
+        return M._window_layer_rows(lp, EPS, h, cos, sin, k_all, v_all, layer, depth, start,
+                                    None, m, rows, kernel=True), sorted(calls)
+
+    got, got_calls = run()
+    with monkeypatch.context() as separate:
+        separate.setattr(M, "_normed_attention", lambda *_: False)
+        want, want_calls = run()
+    assert got_calls == sorted(PRODUCTS + ["window_attention_qkv"])
+    assert want_calls == sorted(PRODUCTS + ["norm_rope", "window_attention"])
+    assert not got[1][1, 9:].any() and not want[1][1, 9:].any()  # K past the count: zeros
+    valid = np.arange(2 * rows) < 16 + 9  # compact rows past the requests' count are padding
+    _assert_close((got[0][valid], *got[1:]), (want[0][valid], *want[1:]), 2.0 ** -7)
 
 
 GPU_COMPILE = """
@@ -136,9 +204,16 @@ GPU_COMPILE = """
             M._qkv(lp, 1e-6, h, cos, sin, kernel),
             M._attention_out_and_mlp(lp, 1e-6, h, attn, kernel))
 
-    json.dump({str(kernel): report(layer(kernel), lp, spec(rows, hidden), spec(rows, n_q, d_h),
-                                   spec(rows, d_h), spec(rows, d_h))
-               for kernel in (True, False)}, sys.stdout)
+    found = {str(kernel): report(layer(kernel), lp, spec(rows, hidden), spec(rows, n_q, d_h),
+                                 spec(rows, d_h), spec(rows, d_h))
+             for kernel in (True, False)}
+    # A whole window layer over a cache of 2 layers x 3 depths x 256 slots, at depth 1.
+    window_layer = lambda lp, h, cos, sin, k_all, v_all, start: M._window_layer(
+        lp, 1e-6, h, cos, sin, k_all, v_all, (0, jnp.int32(1)), start, None, kernel=True)
+    cache = spec(2, 3, 256, n_kv, d_h)
+    found["layer"] = report(window_layer, lp, spec(rows, hidden), spec(rows, d_h), spec(rows, d_h),
+                            cache, cache, jax.ShapeDtypeStruct((), jnp.int32, sharding=on_gpu))
+    json.dump(found, sys.stdout)
 """
 
 
@@ -150,7 +225,8 @@ def test_kernels_compile_for_a_gpu_without_one():
     asks for more shared memory than an H200 has) where a window layer of 64 bf16 rows (the most
     the kernels take) asks for them, and the plan reads what each moves from its metadata: its
     operands and output once each. A layer's q/k/v, output product and MLP are 5 kernels (the
-    products, and the heads' norms) where XLA's form is more than twice as many.
+    products, and the heads' norms) where XLA's form is more than twice as many; the whole
+    window layer, with its attention, 6.
     In a child process with the plugin on its path, as tests/plan runs the GPU plan."""
     found = gpu_compile.compile_in_child(GPU_COMPILE)
     rows, hidden, d_h, inner, item = 64, 512, 128, 1024, 2
@@ -169,3 +245,7 @@ def test_kernels_compile_for_a_gpu_without_one():
     assert found["True"]["programs"] == sorted([64, 32, 64, 32, 16])
     assert found["False"]["triton"] == 0
     assert found["False"]["kernels"] >= 2 * found["True"]["kernels"]
+    # The whole layer: the q/k/v products' output goes to the attention kernel, which applies
+    # the heads' norms (no kernel of their own), and (one request, 2 KV heads) the kernel
+    # combining its prefix's parts; then the three products of the output and the MLP.
+    assert found["layer"]["triton"] == 6

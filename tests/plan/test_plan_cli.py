@@ -186,12 +186,12 @@ def _gpu_kernel_calls(out, *args) -> dict:
 def test_the_gpu_batch_program_attends_in_the_triton_kernel(tmp_path):
     result = _gpu_kernel_calls(tmp_path)
     assert result["shapes"] == "fixed-kernel"
-    # Per-layer weights on a GPU: one kernel call per layer, and (2 requests x 2 KV heads, far
-    # fewer programs than SMs: the prefix in parts) one combining its parts; and (bf16, 32 rows)
-    # one for the layer's head norms and RoPE, and its four products with their norms and
-    # residual adds.
-    assert result["triton"] == 7 * result["layers"] and result["tpu"] == 0
-    assert result["combine"] == result["norm_rope"] == result["layers"]
+    # Per-layer weights on a GPU: one kernel call per layer, which also applies the heads'
+    # norms and RoPE (bf16), and (2 requests x 2 KV heads, far fewer programs than SMs: the
+    # prefix in parts) one combining its parts; and (32 rows) the layer's four products with
+    # their norms and residual adds.
+    assert result["triton"] == 6 * result["layers"] and result["tpu"] == 0
+    assert result["combine"] == result["layers"] and result["norm_rope"] == 0
     assert result["matmul"] == 4 * result["layers"]
 
 
@@ -203,11 +203,11 @@ def test_a_single_request_attends_in_the_triton_kernel_at_any_window(tmp_path):
     result = _gpu_kernel_calls(tmp_path, "single", 5)
     assert result["shapes"] == "fixed-kernel"
     # The window's prelude layers run once per window, the core and coda each pass: every layer
-    # of the program calls the kernel once, the one combining the parts of its prefix, and
-    # (bf16, 10 rows) the one for its head norms and RoPE; its products stay XLA's (10 rows are
-    # no Triton dot's).
-    assert result["triton"] == 3 * result["layers"] and result["tpu"] == 0
-    assert result["combine"] == result["norm_rope"] == result["layers"]
+    # of the program calls the kernel once (which, bf16, applies the heads' norms and RoPE) and
+    # the one combining the parts of its prefix; its products stay XLA's (10 rows are no Triton
+    # dot's).
+    assert result["triton"] == 2 * result["layers"] and result["tpu"] == 0
+    assert result["combine"] == result["layers"] and result["norm_rope"] == 0
     assert result["matmul"] == 0
 
 
