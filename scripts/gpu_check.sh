@@ -40,7 +40,9 @@
 #              walked in parts (flash-decoding, window_kernel.gpu_splits: what the engine runs)
 #              and in one part per request and KV head: us per call, K/V read per second, and
 #              how far apart their outputs are; the heads' norms and RoPE in their Triton
-#              kernel (alodlm_jax/head_norm_kernel.py) against XLA's form on this device; and a
+#              kernel (alodlm_jax/head_norm_kernel.py) against XLA's form on this device, and
+#              (one request's window) the attention kernel that applies them itself against
+#              that kernel and the attention kernel ("normed attention"); and a
 #              window layer's products with their norms and residual adds in Triton kernels
 #              (alodlm_jax/matmul_kernel.py, one request's rows and two requests') against
 #              XLA's form: us per layer, weights read per second, outputs equal.
@@ -330,6 +332,41 @@ def head_norm_check(cfg, args) -> None:
         equal, diff = agreement(xla(qkv), kernel(qkv))
         print(f"  head norms rows {rows:>4}: kernel vs XLA's form {100 * equal:.3f}% equal, "
               f"max |difference| {diff:.3g}", flush=True)
+        if rows == 2 * args.window_size:  # one request's window: the attention kernel does them
+            normed_attention_check(cfg, args, qkv, q_w, k_w, cos, sin, kernel, on_gpu)
+
+
+def normed_attention_check(cfg, args, qkv, q_w, k_w, cos, sin, norm_rope, on_gpu) -> None:
+    """One request's window as its layer runs on one GPU in bf16: the attention kernel applying
+    the heads' norms and RoPE itself (window_kernel.window_attention_qkv) against the heads'
+    norm kernel and then the attention kernel, over a prefix of the prompt's length in a cache of
+    one layer: the share of outputs (attention and the window's keys) equal bit for bit, and the
+    largest difference."""
+    from alodlm_jax import window_kernel as WK
+
+    rows = qkv.shape[0]
+    n_q, n_kv, d_h = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    slots = -(-(args.prompt_tokens + rows) // WK.GPU_BLOCK_SLOTS) * WK.GPU_BLOCK_SLOTS
+    if not WK.supported("gpu", slots=slots, n_kv=n_kv, head_dim=d_h, rows=rows,
+                        group=n_q // n_kv, dtype=jnp.bfloat16):
+        print(f"  normed attention rows {rows:>4}: XLA's form (the kernel does not take them)")
+        return
+    k_all, v_all = (jax.random.normal(key, (1, 1, slots, n_kv, d_h), jnp.bfloat16)
+                    for key in jax.random.split(jax.random.key(5)))
+    start = jnp.asarray([args.prompt_tokens], jnp.int32)
+    attend = dict(layer=jnp.int32(0), depth=None, start=start, interpret=not on_gpu)
+
+    @jax.jit
+    def two(qkv):
+        q, k, v = (x[None] for x in norm_rope(qkv))
+        return WK.window_attention(q, k, v, k_all, v_all, backend="gpu", **attend), k
+
+    one = jax.jit(lambda qkv: WK.window_attention_qkv(qkv[None], n_q, q_w, k_w, cos[None],
+                                                      sin[None], cfg.rms_norm_eps, k_all,
+                                                      v_all, **attend))
+    equal, diff = agreement(two(qkv), one(qkv))
+    print(f"  normed attention rows {rows:>4}: one kernel vs two {100 * equal:.3f}% equal, "
+          f"max |difference| {diff:.3g}", flush=True)
 
 
 def agreement(want, got) -> tuple[float, float]:

@@ -20,8 +20,10 @@ def test_gpu_check_tiny_runs_on_cpu():
     assert "GPU_CHECK_DONE ok" in done.stdout
     assert done.stdout.count("same tokens portable/compiled: True") == 4
     # The heads' norms kernel against XLA's form (interpreted here), and a window layer's
-    # products (XLA's form on both sides here), two row counts each per shape.
-    assert done.stdout.count("% equal, max |difference|") == 8
+    # products (XLA's form on both sides here), two row counts each per shape; and the attention
+    # kernel applying the heads' norms itself against the two kernels, one request's rows.
+    assert done.stdout.count("% equal, max |difference|") == 10
+    assert done.stdout.count("normed attention rows   32: one kernel vs two") == 2
     assert done.stdout.count("  layer products rows   32: XLA's form") == 2
     assert done.stdout.count("  layer products rows   64: XLA's form") == 2
     # The batch sweep: both sizes on both shapes, each with XLA's step analysis and equal tokens.
