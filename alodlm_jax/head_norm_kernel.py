@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltr
 
-from alodlm_jax.window_kernel import norm_rope_halves, power_of_two, table_halves
+from alodlm_jax.window_kernel import norm_rope_halves, norm_rope_supported, table_halves
 
 __all__ = ["norm_rope", "supported", "TILE_ROWS", "MAX_ROWS"]
 
@@ -51,9 +51,7 @@ def supported(q_shape, k_shape, dtype) -> bool:
     """Where :func:`norm_rope` runs: 16-bit activations, at most :data:`MAX_ROWS` rows, a query
     group and head halves whose sizes are powers of two (Triton's tiles)."""
     rows, n_q, d_h = q_shape
-    n_kv = k_shape[1]
-    return (jnp.dtype(dtype).itemsize == 2 and rows <= MAX_ROWS and n_q % n_kv == 0
-            and power_of_two(n_q // n_kv) and d_h % 2 == 0 and power_of_two(d_h // 2))
+    return rows <= MAX_ROWS and norm_rope_supported(n_q, k_shape[1], d_h, dtype)
 
 
 def _norm_rope_kernel(q_ref, k_ref, v_ref, cos_ref, sin_ref, qw_ref, kw_ref, qo_ref, ko_ref,

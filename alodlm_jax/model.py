@@ -433,17 +433,13 @@ def _normed_attention(lp: Params, h: jax.Array, k_all: jax.Array, rows: int) -> 
     """Whether a window layer under the kernel policy may hand its q/k/v products to the
     attention kernel as they are, which then applies the heads' norms and RoPE itself, on an
     NVIDIA GPU (:func:`~alodlm_jax.window_kernel.window_attention_qkv`): 16-bit activations and
-    cache (K's and V's share a dtype), shapes both :func:`~alodlm_jax.head_norm_kernel.supported`
-    (at most its ``MAX_ROWS`` rows: where XLA writes the three products as one array anyway) and
-    the GPU attention kernel take (``rows``: a request's window rows); one kernel a layer fewer
-    than the heads' norm kernel and the attention kernel. (Pallas's Triton modules are imported
-    only where a program may run them.)"""
-    from alodlm_jax import head_norm_kernel as HK
+    cache (K's and V's share a dtype), heads :func:`~alodlm_jax.window_kernel.norm_rope_supported`
+    and shapes the GPU attention kernel takes (``rows``: a request's window rows), any number of
+    requests. (Pallas's Triton modules are imported only where a program may run them.)"""
     from alodlm_jax import window_kernel as WK
     n_q, d_h = lp["q"].shape[1:]
     n_kv = lp["k"].shape[1]
-    return (h.dtype == k_all.dtype
-            and HK.supported((h.shape[0], n_q, d_h), (h.shape[0], n_kv, d_h), h.dtype)
+    return (h.dtype == k_all.dtype and WK.norm_rope_supported(n_q, n_kv, d_h, h.dtype)
             and WK.supported("gpu", slots=k_all.shape[-3], n_kv=n_kv, head_dim=d_h, rows=rows,
                              group=n_q // n_kv, dtype=k_all.dtype))
 

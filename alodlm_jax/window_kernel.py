@@ -74,6 +74,13 @@ def table_halves(ref) -> tuple:
     return ref[:, :half].astype(jnp.float32), ref[:, half:].astype(jnp.float32)
 
 
+def norm_rope_supported(n_q: int, n_kv: int, head_dim: int, dtype) -> bool:
+    """Whether :func:`norm_rope_halves` runs on a GPU for these heads: 16-bit, a query group and
+    head halves whose sizes are powers of two (Triton's tiles)."""
+    return (jnp.dtype(dtype).itemsize == 2 and n_q % n_kv == 0 and power_of_two(n_q // n_kv)
+            and head_dim % 2 == 0 and power_of_two(head_dim // 2))
+
+
 def norm_rope_halves(x_ref, w_ref, cos, sin, eps: float):
     """Qwen3's head RMSNorm, then rotate-half RoPE, of the heads in ``x_ref`` ``[..., d_h]``
     (16-bit), read as their two halves so that the rotation is a choice of operands; ``w_ref``
