@@ -435,11 +435,12 @@ def _normed_attention(lp: Params, h: jax.Array, k_all: jax.Array, rows: int) -> 
     NVIDIA GPU (:func:`~alodlm_jax.window_kernel.window_attention_qkv`): 16-bit activations and
     cache (K's and V's share a dtype), heads :func:`~alodlm_jax.window_kernel.norm_rope_supported`
     and shapes the GPU attention kernel takes (``rows``: a request's window rows), any number of
-    requests. (Pallas's Triton modules are imported only where a program may run them.)"""
+    requests; unless :data:`~alodlm_jax.window_kernel.NORMS_IN_ATTENTION` is off. (Pallas's Triton modules are imported only where a program may run them.)"""
     from alodlm_jax import window_kernel as WK
     n_q, d_h = lp["q"].shape[1:]
     n_kv = lp["k"].shape[1]
-    return (h.dtype == k_all.dtype and WK.norm_rope_supported(n_q, n_kv, d_h, h.dtype)
+    return (WK.NORMS_IN_ATTENTION and h.dtype == k_all.dtype
+            and WK.norm_rope_supported(n_q, n_kv, d_h, h.dtype)
             and WK.supported("gpu", slots=k_all.shape[-3], n_kv=n_kv, head_dim=d_h, rows=rows,
                              group=n_q // n_kv, dtype=k_all.dtype))
 

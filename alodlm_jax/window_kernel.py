@@ -55,6 +55,10 @@ GPU_BLOCK_SLOTS = 64  # cache slots per tile of the GPU kernel's loop (the FIXED
 # H200's 4.8 TB/s; one request of the released models is 8.
 GPU_PROGRAMS = 64
 GPU_RUN_BLOCKS = 4  # the fewest blocks a part of a split prefix walks (_runs)
+# Whether the model hands a window's q/k/v products to the GPU kernel to normalize itself
+# (window_attention_qkv) where it can; False keeps the heads' norms in a kernel of their own
+# (scripts/gpu_check.sh --separate_norms, to compare the engines' ms/pass both ways).
+NORMS_IN_ATTENTION = True
 
 
 def _precision(dtype):

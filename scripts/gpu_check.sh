@@ -22,7 +22,7 @@
 #   8B-shaped:   36 layers, loop [10,26), H 4096, I 12288, 32/8 heads x 128, vocab 151936
 #
 # Usage:  bash scripts/gpu_check.sh [--tiny] [--max_new_tokens N] [--models 1.7b,8b] [--batches 1,8,32]
-#                                  [--graphs] [--no_attention] [--xla_products]
+#                                  [--graphs] [--no_attention] [--xla_products] [--separate_norms]
 #                                  [--layouts | --layouts_only]
 #         bash scripts/gpu_check.sh --parity [gpu_parity.py's options]
 #   --parity   only the fp32 parity check against the CPU (scripts/gpu_parity.py: several small
@@ -48,6 +48,8 @@
 #              XLA's form: us per layer, weights read per second, outputs equal.
 #   --xla_products  the engines run a window layer's products in XLA's form
 #              (matmul_kernel.MAX_ROWS = 0), to compare their ms/pass with a run without it.
+#   --separate_norms  the engines apply the heads' norms and RoPE in a kernel of their own, not
+#              in the attention kernel (window_kernel.NORMS_IN_ATTENTION = False), likewise.
 #   --layouts  (block "LAYOUTS" below) also the compiled engine with continuous batching
 #              on every ("data", "model") mesh the visible devices allow (one H200: data=1,model=1
 #              through the mesh path), against one-device batch 1: tokens/s, same tokens, and the
@@ -161,6 +163,9 @@ def main() -> int:
                         help="skip the attention kernel's timing (parts of a prefix vs one)")
     parser.add_argument("--xla_products", action="store_true",
                         help="the engines' layer products in XLA's form, not matmul_kernel's")
+    parser.add_argument("--separate_norms", action="store_true",
+                        help="the engines' heads' norms in a kernel of their own, not the "
+                             "attention kernel's")
     parser.add_argument("--layouts", action="store_true")
     parser.add_argument("--layouts_only", action="store_true")
     parser.add_argument("--layout_batch", type=int, default=8)
@@ -170,9 +175,15 @@ def main() -> int:
         from alodlm_jax import matmul_kernel
 
         matmul_kernel.MAX_ROWS = 0  # supported() says no: the model keeps XLA's form
+    if args.separate_norms:
+        from alodlm_jax import window_kernel
+
+        window_kernel.NORMS_IN_ATTENTION = False  # the model keeps head_norm_kernel's
     dev = jax.devices()[0]
     print(f"jax {jax.__version__}; device {dev.platform} {dev.device_kind}; tiny={args.tiny}; "
-          f"layer products in {'XLA' if args.xla_products else 'matmul_kernel'}", flush=True)
+          f"layer products in {'XLA' if args.xla_products else 'matmul_kernel'}; heads' norms "
+          f"in {'their own kernel' if args.separate_norms else 'the attention kernel'}",
+          flush=True)
     if dev.platform != "gpu" and not args.tiny:
         print("warning: no GPU visible; the full shapes will be slow here (use --tiny)", flush=True)
     dtype = jnp.bfloat16

@@ -182,8 +182,8 @@ def test_the_batch_layer_hands_the_products_to_the_attention_kernel(monkeypatch)
                                     None, m, rows, kernel=True), sorted(calls)
 
     got, got_calls = run()
-    with monkeypatch.context() as separate:
-        separate.setattr(M, "_normed_attention", lambda *_: False)
+    with monkeypatch.context() as separate:  # the switch gpu_check's --separate_norms turns
+        separate.setattr(WK, "NORMS_IN_ATTENTION", False)
         want, want_calls = run()
     assert got_calls == sorted(PRODUCTS + ["window_attention_qkv"])
     assert want_calls == sorted(PRODUCTS + ["norm_rope", "window_attention"])
