@@ -533,8 +533,8 @@ def window_attention_qkv(qkv, n_q: int, q_weight, k_weight, cos, sin, eps: float
     (:func:`alodlm_jax.model.rope_tables`); the rest as :func:`window_attention`. Returns the
     output ``[B, W, n_q, d_h]`` and the window's keys ``[B, W, n_kv, d_h]`` as normalized and
     rotated (for the cache); the window's values are ``qkv``'s last ``n_kv`` heads as they
-    are. Where :func:`supported` says so for the GPU; ``interpret`` runs it in Pallas's
-    interpreter."""
+    are. Where :func:`supported` says so for the GPU and :func:`norm_rope_supported` for the
+    heads; ``interpret`` runs it in Pallas's interpreter."""
     batch, real, heads, d_h = qkv.shape
     n_kv = (heads - n_q) // 2
     group = n_q // n_kv
