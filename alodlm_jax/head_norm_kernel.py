@@ -57,13 +57,8 @@ def supported(q_shape, k_shape, dtype) -> bool:
 def _norm_rope_kernel(q_ref, k_ref, v_ref, cos_ref, sin_ref, qw_ref, kw_ref, qo_ref, ko_ref,
                       vo_ref, *, eps, half):
     cos, sin = table_halves(cos_ref), table_halves(sin_ref)
-
-    def one(x_ref, w_ref, o_ref, expand):
-        o_ref[..., :half], o_ref[..., half:] = norm_rope_halves(
-            x_ref, w_ref, tuple(map(expand, cos)), tuple(map(expand, sin)), eps)
-
-    one(q_ref, qw_ref, qo_ref, lambda t: t[:, None, :])
-    one(k_ref, kw_ref, ko_ref, lambda t: t)
+    for x_ref, w_ref, o_ref in ((q_ref, qw_ref, qo_ref), (k_ref, kw_ref, ko_ref)):
+        o_ref[..., :half], o_ref[..., half:] = norm_rope_halves(x_ref, w_ref, cos, sin, eps)
     vo_ref[...] = v_ref[...]
 
 

@@ -86,10 +86,10 @@ def norm_rope_supported(n_q: int, n_kv: int, head_dim: int, dtype) -> bool:
 
 
 def norm_rope_halves(x_ref, w_ref, cos, sin, eps: float):
-    """Qwen3's head RMSNorm, then rotate-half RoPE, of the heads in ``x_ref`` ``[..., d_h]``
-    (16-bit), read as their two halves so that the rotation is a choice of operands; ``w_ref``
-    the norm's weight ``[d_h]``, ``cos`` and ``sin`` (:func:`table_halves`) broadcasting
-    against a half. Every operation of the XLA form (:func:`alodlm_jax.model.rms_norm`,
+    """Qwen3's head RMSNorm, then rotate-half RoPE, of the heads in ``x_ref`` ``[T, d_h]`` or
+    ``[T, group, d_h]`` (16-bit), read as their two halves so that the rotation is a choice of
+    operands; ``w_ref`` the norm's weight ``[d_h]``, ``cos`` and ``sin`` the tables' halves
+    ``[T, d_h / 2]`` (:func:`table_halves`), shared by a row's heads. Every operation of the XLA form (:func:`alodlm_jax.model.rms_norm`,
     ``_apply_rope``) in its order, each result rounded to the 16-bit dtype where XLA rounds it
     (it evaluates 16-bit elementwise operations in fp32): the sum of squares in fp32 (per half,
     then added), the normalized value, its product with the weight, RoPE's two products and
@@ -107,7 +107,7 @@ def norm_rope_halves(x_ref, w_ref, cos, sin, eps: float):
     scale = jax.lax.rsqrt(total / (2 * half) + eps)
     n1 = round_(w_ref[:half].astype(f32) * round_(x1 * scale))
     n2 = round_(w_ref[half:].astype(f32) * round_(x2 * scale))
-    (c1, c2), (s1, s2) = cos, sin
+    c1, c2, s1, s2 = (t[:, None, :] if x1.ndim == 3 else t for t in (*cos, *sin))
     # rotate_half(n) = (-n2, n1): out = n * cos + rotate_half(n) * sin
     return ((round_(n1 * c1) + round_(-n2 * s1)).astype(dtype),
             (round_(n2 * c2) + round_(n1 * s2)).astype(dtype))
@@ -322,16 +322,15 @@ def _normed_window(q_ref, kw_ref, cos_ref, sin_ref, qn_ref, kn_ref, eps: float):
     heads' norms and RoPE applied as :mod:`alodlm_jax.head_norm_kernel` applies them."""
     cos, sin = table_halves(cos_ref), table_halves(sin_ref)
 
-    def rows(x_ref, w_ref, expand):
-        o1, o2 = norm_rope_halves(x_ref, w_ref, tuple(map(expand, cos)),
-                                  tuple(map(expand, sin)), eps)
+    def rows(x_ref, w_ref):
+        o1, o2 = norm_rope_halves(x_ref, w_ref, cos, sin, eps)
         # [n, d_h] rows from the halves: Triton joins only along a new minor axis of 2, so the
         # halves are stacked there and that axis is moved before the half's.
         half = o1.shape[-1]
         o1, o2 = o1.reshape(-1, half), o2.reshape(-1, half)
         return jnp.swapaxes(jnp.stack([o1, o2], axis=-1), 1, 2).reshape(o1.shape[0], 2 * half)
 
-    return rows(q_ref, qn_ref, lambda t: t[:, None, :]), rows(kw_ref, kn_ref, lambda t: t)
+    return rows(q_ref, qn_ref), rows(kw_ref, kn_ref)
 
 
 def _runs(start, bs: int, splits: int):
