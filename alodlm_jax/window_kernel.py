@@ -127,6 +127,13 @@ def gpu_rows(rows: int) -> int:
     return max(16, 1 << (max(rows, 1) - 1).bit_length())
 
 
+def _pad_rows(x, rows: int):
+    """``x [B, W, ...]`` with zero rows after its ``W`` up to ``rows`` (:func:`gpu_rows`)."""
+    if x.shape[1] == rows:
+        return x
+    return jnp.pad(x, [(0, 0), (0, rows - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
+
+
 def gpu_splits(batch: int, n_kv: int, slots: int) -> int:
     """The parts the GPU kernel splits each request's prefix into (flash-decoding): one program
     per request and KV head is ``batch * n_kv`` programs, 8 for one request of the released
@@ -504,9 +511,8 @@ def window_attention(q, k, v, k_all, v_all, layer, depth, start, *, backend: str
             batch, rows, n_q, d_h)
     if backend == "gpu":
         real, rows = rows, gpu_rows(rows)
-        if rows != real:  # zero rows after the window: no real row sees them, their outputs go
-            pad = lambda x: jnp.pad(x, ((0, 0), (0, rows - real), (0, 0), (0, 0)))  # noqa: E731
-            q, k, v = pad(q), pad(k), pad(v)
+        # zero rows after the window: no real row sees them, their outputs go
+        q, k, v = (_pad_rows(x, rows) for x in (q, k, v))
         # q and the output as [B, W, n_kv, group, d_h] (a reshape of [B, W, n_q, d_h], no copy).
         head_q = pl.BlockSpec((None, rows, None, group, d_h), lambda b, h, *_: (b, 0, h, 0, 0))
         head_window = pl.BlockSpec((None, rows, None, d_h), lambda b, h, *_: (b, 0, h, 0))
@@ -541,9 +547,8 @@ def window_attention_qkv(qkv, n_q: int, q_weight, k_weight, cos, sin, eps: float
         (batch, real, n_q, d_h), n_kv, qkv.dtype, k_all, v_all, layer, depth, start)
     read += (cos.size + sin.size) * cos.dtype.itemsize
     rows = gpu_rows(real)
-    if rows != real:  # zero rows after the window: they stay zeros, and no real row sees them
-        qkv = jnp.pad(qkv, ((0, 0), (0, rows - real), (0, 0), (0, 0)))
-        cos, sin = (jnp.pad(t, ((0, 0), (0, rows - real), (0, 0))) for t in (cos, sin))
+    # zero rows after the window: they stay zeros, and no real row sees them
+    qkv, cos, sin = (_pad_rows(x, rows) for x in (qkv, cos, sin))
     head = lambda first: pl.BlockSpec((None, rows, None, d_h),  # noqa: E731
                                       lambda b, h, *_: (b, 0, first + h, 0))
     table = pl.BlockSpec((None, rows, d_h), lambda b, h, *_: (b, 0, 0))
