@@ -241,9 +241,9 @@ def _qkv(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax.Array,
          kernel: bool = False):
     """A layer's queries, keys and values ``[T, n, d_h]`` (norms and RoPE applied). ``kernel``
     (:data:`~alodlm_jax.rows.KERNEL`, one device): on an NVIDIA GPU where they apply, the heads'
-    norms and RoPE in one Triton kernel (:mod:`alodlm_jax.head_norm_kernel`) and, for a window of
-    few rows, the input norm and the three products in another
-    (:func:`alodlm_jax.matmul_kernel.norm_matmul`); XLA's form elsewhere."""
+    norms and RoPE in one Triton kernel (:mod:`alodlm_jax.head_norm_kernel`) after the products
+    (:func:`_qkv_projections`: for a window of few rows, the input norm and the three products in
+    another); XLA's form elsewhere."""
     a = rms_norm(h, lp["input_norm"], eps)
 
     def product(name):
@@ -252,33 +252,21 @@ def _qkv(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax.Array,
     def norm_rope(x, name):
         return _apply_rope(rms_norm(x, lp[f"{name}_norm"], eps), cos, sin)
 
-    (hidden, n_q, d_h), n_kv = lp["q"].shape, lp["k"].shape[1]
-    rows = h.shape[0]
-    if kernel:  # Pallas's Triton module, imported only where a program may run the kernels
-        from alodlm_jax import head_norm_kernel as HK
-        from alodlm_jax import matmul_kernel as MK
-    if not (kernel and HK.supported((rows, n_q, d_h), (rows, n_kv, d_h), a.dtype)):
+    def xla(_=None):
         return norm_rope(product("q"), "q"), norm_rope(product("k"), "k"), product("v")
 
-    def xla(q, k, v):
-        return norm_rope(q, "q"), norm_rope(k, "k"), v
+    (_, n_q, d_h), n_kv = lp["q"].shape, lp["k"].shape[1]
+    rows = h.shape[0]
+    if kernel:  # Pallas's Triton module, imported only where a program may run the kernel
+        from alodlm_jax import head_norm_kernel as HK
+    if not (kernel and HK.supported((rows, n_q, d_h), (rows, n_kv, d_h), a.dtype)):
+        return xla()
 
-    def fused(q, k, v):  # one kernel where XLA:GPU makes four (head_norm_kernel)
-        return HK.norm_rope(jnp.concatenate([q, k, v], axis=1), n_q, n_kv, lp["q_norm"],
-                            lp["k_norm"], cos, sin, eps)
+    def in_kernels(h):  # the products, then the heads' norms in one kernel where XLA:GPU makes 4
+        return HK.norm_rope(_qkv_projections(lp, eps, h), n_q, n_kv, lp["q_norm"], lp["k_norm"],
+                            cos, sin, eps)
 
-    widths = (n_q * d_h, n_kv * d_h, n_kv * d_h)
-    if not MK.supported(rows, hidden, widths, a.dtype):
-        return jax.lax.platform_dependent(product("q"), product("k"), product("v"), cuda=fused,
-                                          default=xla)
-
-    def in_kernels(h):  # the input norm and the products in one kernel, then the heads' norms
-        qkv = MK.norm_matmul(h, lp["input_norm"], [lp[n].reshape(hidden, -1) for n in "qkv"], eps)
-        return HK.norm_rope(qkv.reshape(rows, n_q + 2 * n_kv, d_h), n_q, n_kv, lp["q_norm"],
-                            lp["k_norm"], cos, sin, eps)
-
-    return jax.lax.platform_dependent(
-        h, cuda=in_kernels, default=lambda h: xla(product("q"), product("k"), product("v")))
+    return jax.lax.platform_dependent(h, cuda=in_kernels, default=xla)
 
 
 def _attention_out_and_mlp(lp: Params, eps: float, h: jax.Array, attn: jax.Array,
@@ -435,7 +423,8 @@ def _normed_attention(lp: Params, h: jax.Array, k_all: jax.Array, rows: int) -> 
     NVIDIA GPU (:func:`~alodlm_jax.window_kernel.window_attention_qkv`): 16-bit activations and
     cache (K's and V's share a dtype), heads :func:`~alodlm_jax.window_kernel.norm_rope_supported`
     and shapes the GPU attention kernel takes (``rows``: a request's window rows), any number of
-    requests; unless :data:`~alodlm_jax.window_kernel.NORMS_IN_ATTENTION` is off. (Pallas's Triton modules are imported only where a program may run them.)"""
+    requests; unless :data:`~alodlm_jax.window_kernel.NORMS_IN_ATTENTION` is off. (Pallas's
+    Triton modules are imported only where a program may run them.)"""
     from alodlm_jax import window_kernel as WK
     n_q, d_h = lp["q"].shape[1:]
     n_kv = lp["k"].shape[1]
@@ -577,10 +566,13 @@ def _window_layer_rows(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin
     platform's Pallas kernel instead (:func:`~alodlm_jax.attention.kernel_attention`); on an
     NVIDIA GPU, where :func:`_normed_attention` says so, the q/k/v products' output goes to it as
     it is (:func:`_normed_window_attention`)."""
-    if not (kernel and m.in_order and kv_bucket is None
-            and _normed_attention(lp, h, k_all, rows)):
+    def lanes(h):
         return _window_layer_lanes(lp, eps, h, cos, sin, k_all, v_all, layer, depth, start,
                                    kv_bucket, m, rows, kernel)
+
+    if not (kernel and m.in_order and kv_bucket is None
+            and _normed_attention(lp, h, k_all, rows)):
+        return lanes(h)
 
     def fused(h):  # in-order lanes: a request's lane is its padded rows (from_rows)
         attn, k, v = _normed_window_attention(
@@ -589,8 +581,7 @@ def _window_layer_rows(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin
             jnp.where(m.lane_valid, start, 0))
         return _attention_out_and_mlp(lp, eps, h, R.from_lanes(attn, m), kernel), k, v
 
-    return jax.lax.platform_dependent(h, cuda=fused, default=lambda h: _window_layer_lanes(
-        lp, eps, h, cos, sin, k_all, v_all, layer, depth, start, kv_bucket, m, rows, kernel))
+    return jax.lax.platform_dependent(h, cuda=fused, default=lanes)
 
 
 def _window_layer_lanes(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax.Array,
