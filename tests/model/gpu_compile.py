@@ -38,12 +38,18 @@ _PRELUDE = textwrap.dedent("""
 """)
 
 
+def run_in_child(code: str):
+    """Runs the script ``code`` in a child process with the plugin on its path and JAX on the
+    CPU; it dumps its result as JSON on stdout, which this returns."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([str(GPU_DIR)] + [p for p in sys.path if p]))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
 def compile_in_child(body: str) -> dict:
     """Runs ``body`` after a prelude that defines ``spec(*shape)`` (a bf16 argument on the H200)
     and ``report(fn, *args)`` (the dict above); ``body`` dumps its result as JSON on stdout."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([str(GPU_DIR)] + [p for p in sys.path if p]))
-    done = subprocess.run([sys.executable, "-c", _PRELUDE + textwrap.dedent(body)], env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout)
+    return run_in_child(_PRELUDE + textwrap.dedent(body))

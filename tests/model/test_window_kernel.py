@@ -3,11 +3,6 @@ XLA form they replace, in Pallas's interpreter; and, with the aot extra, compile
 GPU without either."""
 
 import functools
-import json
-import os
-import pathlib
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -19,9 +14,9 @@ from alodlm_jax import attention as A
 from alodlm_jax import window_kernel as WK
 from alodlm_jax.plan import targets
 
+from . import gpu_compile
+
 HAVE_TPU = targets.missing_extra(targets.load_target("v5p")) is None
-HAVE_GPU = targets.missing_extra(targets.load_target("h200")) is None
-GPU_DIR = pathlib.Path(__file__).resolve().parents[2] / ".ci" / "aot-gpu"  # as tests/plan
 BACKENDS = ["tpu", "gpu"]
 
 
@@ -238,7 +233,7 @@ GPU_COMPILE = textwrap.dedent("""
 
 
 @pytest.mark.jax_backend
-@pytest.mark.skipif(not (HAVE_GPU or (GPU_DIR / "jax_cuda12_plugin").is_dir()),
+@pytest.mark.skipif(not gpu_compile.AVAILABLE,
                     reason="needs the aot extra (jax-cuda12-plugin, -pjrt, ptxas)")
 def test_gpu_kernel_compiles_for_a_gpu_without_one():
     """XLA:GPU compiles the Triton kernel (JAX's CUDA plugin and ptxas, no GPU), also the form
@@ -246,12 +241,7 @@ def test_gpu_kernel_compiles_for_a_gpu_without_one():
     metadata: one depth of each request's K/V; and its
     FLOPs: both products of every query row with the slots it may see. In a child process with
     the plugin on its path, as tests/plan runs the GPU plan."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([str(GPU_DIR)] + [p for p in sys.path if p]))
-    done = subprocess.run([sys.executable, "-c", GPU_COMPILE], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    split, whole, normed = json.loads(done.stdout)
+    split, whole, normed = gpu_compile.run_in_child(GPU_COMPILE)
     one_depth = 2 * 2 * 768 * 8 * 128 * 2
     read = one_depth + 2 * (2 * 16 * 8 * 128 * 2) + 2 * 16 * 16 * 128 * 2  # + window K/V, queries
     out = 2 * 16 * 16 * 128 * 2
