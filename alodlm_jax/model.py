@@ -494,7 +494,7 @@ def _kernel_qkv_attention(lp: Params, eps: float, h: jax.Array, cos: jax.Array, 
 
 def run_window_stack(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Array,
                      k_all: jax.Array, v_all: jax.Array, start, depth=None, *, prefix_limit=None,
-                     bucketed: bool = True, kernel: bool = False):
+                     bucketed: bool = True, kernel: bool = False, rope=None):
     """A layer group over a window's rows, reading (never writing) its cache buffers.
 
     Returns ``(h, k_new, v_new)`` with ``k_new``/``v_new`` ``[L, T, n_kv, d_h]``: what
@@ -505,14 +505,17 @@ def run_window_stack(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Arr
     cache is only read, the caller can run this inside a ``lax.switch`` (row buckets) without XLA
     copying the cache into the taken branch, which it does for a buffer updated inside a
     conditional. ``kernel`` (not ``bucketed``): attention in the platform's Pallas kernel
-    (:func:`_window_layer`).
+    (:func:`_window_layer`). ``rope``: :func:`rope_tables` of ``positions`` where the caller made
+    them once for several calls (the passes of a window); else they are made here.
     """
     n = _num_layers(stack)
     kv_shape = (n, h.shape[0]) + k_all.shape[-2:]
     if n == 0:
         return h, jnp.zeros(kv_shape, k_all.dtype), jnp.zeros(kv_shape, v_all.dtype)
     start = jnp.asarray(start, jnp.int32)
-    cos, sin = rope_tables(positions, k_all.shape[-1], cfg.rope_theta, h.dtype)
+    if rope is None:
+        rope = rope_tables(positions, k_all.shape[-1], cfg.rope_theta, h.dtype)
+    cos, sin = rope
     eps = cfg.rms_norm_eps
     slots = k_all.shape[1 if depth is None else 2]
     kv_bucket = (kv_bucket_index(kv_buckets(slots), start if prefix_limit is None else prefix_limit)
@@ -712,29 +715,32 @@ def readout(params: Params, cfg: "ModelConfig", h, positions, cache: KVCache, st
 
 
 def prelude_window(params: Params, cfg: "ModelConfig", h, positions, cache: KVCache, start, *,
-                   prefix_limit=None, bucketed: bool = True, kernel: bool = False):
-    """:func:`prelude` over a window without writing: ``(h, (k, v))`` for :func:`store_window`."""
+                   prefix_limit=None, bucketed: bool = True, kernel: bool = False, rope=None):
+    """:func:`prelude` over a window without writing: ``(h, (k, v))`` for :func:`store_window`
+    (``rope``: as :func:`run_window_stack`'s)."""
     h, k, v = run_window_stack(params["prelude"], cfg, h, positions, cache.prelude_k, cache.prelude_v,
                                start, prefix_limit=prefix_limit, bucketed=bucketed,
-                               kernel=kernel)
+                               kernel=kernel, rope=rope)
     return h, (k, v)
 
 
 def core_window(params: Params, cfg: "ModelConfig", h, positions, cache: KVCache, start, depth, *,
-                prefix_limit=None, bucketed: bool = True, kernel: bool = False):
-    """:func:`core_pass` over a window without writing: ``(h, (k, v))`` for :func:`store_window`."""
+                prefix_limit=None, bucketed: bool = True, kernel: bool = False, rope=None):
+    """:func:`core_pass` over a window without writing: ``(h, (k, v))`` for :func:`store_window`
+    (``rope``: as :func:`run_window_stack`'s)."""
     h, k, v = run_window_stack(params["core"], cfg, h, positions, cache.core_k, cache.core_v, start,
                                depth=depth, prefix_limit=prefix_limit, bucketed=bucketed,
-                               kernel=kernel)
+                               kernel=kernel, rope=rope)
     return h, (k, v)
 
 
 def readout_window(params: Params, cfg: "ModelConfig", h, positions, cache: KVCache, start, *,
-                   prefix_limit=None, bucketed: bool = True, kernel: bool = False):
-    """:func:`readout` over a window without writing: ``(r, (k, v))`` for :func:`store_window`."""
+                   prefix_limit=None, bucketed: bool = True, kernel: bool = False, rope=None):
+    """:func:`readout` over a window without writing: ``(r, (k, v))`` for :func:`store_window`
+    (``rope``: as :func:`run_window_stack`'s)."""
     r, k, v = run_window_stack(params["coda"], cfg, h, positions, cache.coda_k, cache.coda_v, start,
                                prefix_limit=prefix_limit, bucketed=bucketed,
-                               kernel=kernel)
+                               kernel=kernel, rope=rope)
     return rms_norm(r, params["final_norm"], cfg.rms_norm_eps), (k, v)
 
 

@@ -89,6 +89,11 @@ class Packed:
       is_mask: bool[W] — row is a real mask entry (the tail of the valid rows).
       num_rows: int32[] — number of valid rows (the window length ``T`` of the counters).
       start: int32[] — the cache slot of packed row 0 (= prefix-cache length ``cache_len``).
+      observed: int32[] — number of valid rows that are not masks (the packed row of the first
+        mask).
+      rope: the model's RoPE tables ``(cos, sin)`` of ``positions``, which an engine attaches once
+        for all the window's passes (:func:`alodlm_jax.decode.window.open_window`); None where
+        each pass makes its own.
     """
 
     order: jax.Array
@@ -98,6 +103,8 @@ class Packed:
     is_mask: jax.Array
     num_rows: jax.Array
     start: jax.Array
+    observed: jax.Array
+    rope: tuple | None = None
 
 
 @struct.dataclass
@@ -275,7 +282,8 @@ def pack_window(window: Window, cache_len, *, mask_id: int) -> Packed:
     ids = jnp.where(p_valid, window.tokens[order], mask_id).astype(I32)
     positions = (cache_len + jnp.where(p_valid, order, idx)).astype(I32)
     return Packed(order=order, ids=ids, positions=positions, valid=p_valid, is_mask=p_mask,
-                  num_rows=window.length, start=jnp.asarray(cache_len, I32))
+                  num_rows=window.length, start=jnp.asarray(cache_len, I32),
+                  observed=jnp.sum((p_valid & ~p_mask).astype(I32)))
 
 
 def end_window(state: DecodeState, packed: Packed, pst: PassState, executed) -> DecodeState:

@@ -256,6 +256,11 @@ def window_prelude(params, cache, packed, *, cfg, prefix_limit=None, rows_needed
     return M.store_window(cache, packed.start, prelude=kv), h
 
 
+def _rope_rows(packed, n: int):
+    """The first ``n`` rows of the RoPE tables attached to ``packed`` (None if none are)."""
+    return None if packed.rope is None else tuple(t[:n] for t in packed.rope)
+
+
 def prelude_rows(params, cache, packed, *, cfg, prefix_limit=None, rows_needed=None,
                  shapes=R.BUCKETED):
     """:func:`window_prelude` without the store: ``(h [W, H], (k, v) [L_pre, W, n_kv, d_h])``."""
@@ -265,7 +270,8 @@ def prelude_rows(params, cache, packed, *, cfg, prefix_limit=None, rows_needed=N
         def run(cache):
             h = M.embed(params, packed.ids[:n])
             h, kv = M.prelude_window(params, cfg, h, packed.positions[:n], cache, packed.start,
-                                     prefix_limit=prefix_limit, **R.attention(shapes))
+                                     prefix_limit=prefix_limit, rope=_rope_rows(packed, n),
+                                     **R.attention(shapes))
             return _pad_rows(h, rows), _pad_kv(kv, rows)
         return run
 
@@ -290,7 +296,8 @@ def window_pass(params, cache, h, packed, pst, depth, q, tau, *, cfg, mode, pref
     def branch(n):
         def run(cache, h_in):
             positions = packed.positions[:n]
-            attend = dict(prefix_limit=prefix_limit, **R.attention(shapes))
+            attend = dict(prefix_limit=prefix_limit, rope=_rope_rows(packed, n),
+                          **R.attention(shapes))
             h, core_kv = M.core_window(params, cfg, h_in[:n], positions, cache, packed.start, depth,
                                        **attend)
             r, coda_kv = M.readout_window(params, cfg, h, positions, cache, packed.start, **attend)
@@ -318,8 +325,7 @@ def token_heads(params, r, packed, heads: int):
     pass's largest matrix product. The other rows get token 0 and entropy 0 (never read).
     """
     rows = r.shape[0]
-    observed = jnp.sum((packed.valid & ~packed.is_mask).astype(jnp.int32))
-    lo = jnp.minimum(observed, rows - heads)
+    lo = jnp.minimum(packed.observed, rows - heads)
     logits = M.lm_logits(params, jax.lax.dynamic_slice_in_dim(r, lo, heads, axis=0))
     pred = S.greedy_tokens(logits)
     entropy = S.entropy_from_logits(logits)
@@ -345,6 +351,8 @@ def open_window(params, cache, dstate, consts, *, cfg, prefix_limit=None, rows_n
     ``prefix_limit``, ``rows_needed``: a batch passes values shared by its requests
     (:func:`window_prelude`); ``shapes``: the :mod:`alodlm_jax.rows` policy."""
     packed = S.pack_window(dstate.window, dstate.cache_len, mask_id=cfg.mask_token_id)
+    packed = packed.replace(rope=M.rope_tables(packed.positions, cfg.head_dim, cfg.rope_theta,
+                                               params["embed"].dtype))
     pst = S.init_pass_state(packed, consts["penalty"])
     cache, h = window_prelude(params, cache, packed, cfg=cfg, prefix_limit=prefix_limit,
                               rows_needed=rows_needed, shapes=shapes)
