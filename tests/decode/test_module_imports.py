@@ -21,7 +21,7 @@ FLOORS = (
     ("the network", ("rows", "attention", "model", "window_kernel", "head_norm_kernel",
                      "matmul_kernel", "params", "sharding")),
     ("decoding", ("decode",)),
-    ("the generator", ("generate", "analysis", "plan")),
+    ("the generator", ("generate", "analysis", "plan", "testing.aot_gpu")),
     ("front ends", ("cli", "harness", "report", "compare", "distributed", "torch_reference")),
 )
 

@@ -3,17 +3,13 @@ process with the plugin on its path as tests/plan runs the GPU plan, and what th
 the program: its Triton calls, kernels, and each call's bytes and programs from its metadata."""
 
 import json
-import os
-import pathlib
 import subprocess
 import sys
 import textwrap
 
-from alodlm_jax.plan import targets
+from alodlm_jax.testing import aot_gpu
 
-GPU_DIR = pathlib.Path(__file__).resolve().parents[2] / ".ci" / "aot-gpu"  # as tests/plan
-AVAILABLE = (targets.missing_extra(targets.load_target("h200")) is None
-             or (GPU_DIR / "jax_cuda12_plugin").is_dir())
+AVAILABLE = aot_gpu.AVAILABLE
 
 _PRELUDE = textwrap.dedent("""
     import json, sys
@@ -41,10 +37,8 @@ _PRELUDE = textwrap.dedent("""
 def run_in_child(code: str):
     """Runs the script ``code`` in a child process with the plugin on its path and JAX on the
     CPU; it dumps its result as JSON on stdout, which this returns."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([str(GPU_DIR)] + [p for p in sys.path if p]))
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run([sys.executable, "-c", code], env=aot_gpu.child_env(),
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout)
 

@@ -3,7 +3,6 @@ either (the aot extra), the JSON it writes, the memory a JAX process gets, the m
 batch program with the attention kernel (:mod:`alodlm_jax.window_kernel`) for each."""
 
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -13,29 +12,22 @@ import pytest
 from alodlm_jax.cli import plan as plan_cli
 from alodlm_jax.plan import targets
 from alodlm_jax.plan.compile import PROGRAM_KEYS
+from alodlm_jax.testing import aot_gpu
 
 pytestmark = pytest.mark.jax_backend
 
 TINY = ["--model", "builtin:tiny", "--prompt_tokens", "20", "--max_new_tokens", "32",
         "--window_size", "4"]
 HAVE_TPU = targets.missing_extra(targets.load_target("v5p")) is None
-HAVE_GPU = targets.missing_extra(targets.load_target("h200")) is None
 # .ci/run keeps the aot extra's GPU half out of the environment (module docstring of .ci/run):
 # the GPU plan then runs in a child process with it on PYTHONPATH.
-GPU_DIR = pathlib.Path(__file__).resolve().parents[2] / ".ci" / "aot-gpu"
-GPU_CHILD = not HAVE_GPU and (GPU_DIR / "jax_cuda12_plugin").is_dir()
+HAVE_GPU = aot_gpu.INSTALLED
 
 
 def _run(tmp_path, *args):
     out = tmp_path / "plan.json"
     status = plan_cli.main(["alodlm-jax-plan", *TINY, *args, "--json", str(out)])
     return status, (json.loads(out.read_text()) if out.exists() else None)
-
-
-def _gpu_child_env(*paths) -> dict:
-    """A child process's environment with .ci/aot-gpu (and ``paths``) on its path, on the CPU."""
-    return dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(
-        [str(GPU_DIR), *map(str, paths)] + [p for p in sys.path if p]))
 
 
 def _run_gpu(tmp_path, capsys, *args):
@@ -46,7 +38,7 @@ def _run_gpu(tmp_path, capsys, *args):
         return status, record, capsys.readouterr().out
     out = tmp_path / "plan.json"
     done = subprocess.run([sys.executable, "-m", "alodlm_jax.cli.plan", *TINY, *args, "--json",
-                           str(out)], env=_gpu_child_env(), capture_output=True, text=True,
+                           str(out)], env=aot_gpu.child_env(), capture_output=True, text=True,
                           timeout=600)
     return done.returncode, (json.loads(out.read_text()) if out.exists() else None), done.stdout
 
@@ -81,7 +73,7 @@ def test_a_mesh_over_the_tpu_topology_splits_the_weights(tmp_path):
     assert split["programs"][0]["weight_bytes"] < 0.6 * one["programs"][0]["weight_bytes"]
 
 
-@pytest.mark.skipif(not (HAVE_GPU or GPU_CHILD),
+@pytest.mark.skipif(not aot_gpu.AVAILABLE,
                     reason="needs the aot extra (jax-cuda12-plugin, -pjrt, ptxas)")
 def test_gpu_target_plans_against_what_a_jax_process_gets(tmp_path, capsys):
     status, record, out = _run_gpu(tmp_path, capsys, "--target", "h200", "--batch_size", "2",
@@ -175,13 +167,13 @@ def _gpu_kernel_calls(out, *args) -> dict:
     code = ("import json, sys; from test_plan_cli import _kernel_calls; "
             "json.dump(_kernel_calls('h200', sys.argv[1], *json.loads(sys.argv[2])), sys.stdout)")
     done = subprocess.run([sys.executable, "-c", code, str(out), json.dumps(args)],
-                          env=_gpu_child_env(pathlib.Path(__file__).parent),
+                          env=aot_gpu.child_env(pathlib.Path(__file__).parent),
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.skipif(not (HAVE_GPU or GPU_CHILD),
+@pytest.mark.skipif(not aot_gpu.AVAILABLE,
                     reason="needs the aot extra (jax-cuda12-plugin, -pjrt, ptxas)")
 def test_the_gpu_batch_program_attends_in_the_triton_kernel(tmp_path):
     result = _gpu_kernel_calls(tmp_path)
@@ -195,7 +187,7 @@ def test_the_gpu_batch_program_attends_in_the_triton_kernel(tmp_path):
     assert result["matmul"] == 4 * result["layers"]
 
 
-@pytest.mark.skipif(not (HAVE_GPU or GPU_CHILD),
+@pytest.mark.skipif(not aot_gpu.AVAILABLE,
                     reason="needs the aot extra (jax-cuda12-plugin, -pjrt, ptxas)")
 def test_a_single_request_attends_in_the_triton_kernel_at_any_window(tmp_path):
     """The single-request program attends in the same kernel (a batch of one), also where the
@@ -211,7 +203,7 @@ def test_a_single_request_attends_in_the_triton_kernel_at_any_window(tmp_path):
     assert result["matmul"] == 0
 
 
-@pytest.mark.skipif(not (HAVE_GPU or GPU_CHILD),
+@pytest.mark.skipif(not aot_gpu.AVAILABLE,
                     reason="needs the aot extra (jax-cuda12-plugin, -pjrt, ptxas)")
 def test_the_gpu_batch_step_runs_in_command_buffers_with_graphs(tmp_path, capsys):
     steps = {}

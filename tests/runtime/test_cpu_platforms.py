@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import pathlib
 import subprocess
 import sys
 
@@ -14,25 +13,19 @@ import pytest
 
 from alodlm_jax.cli import platforms
 from alodlm_jax.data import BUILTINS
+from alodlm_jax.testing import aot_gpu
 
 PROG = "alodlm-jax-evaluate"
-# .ci/run installs the aot extra's GPU half here, outside the environment (as tests/plan).
-GPU_DIR = pathlib.Path(__file__).resolve().parents[2] / ".ci" / "aot-gpu"
-BOTH_PLUGINS = ((GPU_DIR / "jax_plugins" / "xla_cuda12").is_dir()
+# .ci/run installs the aot extra's GPU half outside the environment (alodlm_jax.testing.aot_gpu).
+BOTH_PLUGINS = ((aot_gpu.DIR / "jax_plugins" / "xla_cuda12").is_dir()
                 and importlib.util.find_spec("libtpu") is not None)
 
 
-def _plugins_env() -> dict:
-    """The environment of a user who installed the aot extra: both plugins importable, and no
-    JAX_PLATFORMS (the suite sets one for its own processes)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(GPU_DIR)] + [p for p in sys.path if p]))
-    env.pop("JAX_PLATFORMS", None)
-    return env
-
-
 def _child(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], env=_plugins_env(), capture_output=True,
-                          text=True, timeout=300)
+    """A JAX process in the environment of a user who installed the aot extra: both plugins
+    importable, and no JAX_PLATFORMS (the suite sets one for its own processes)."""
+    return subprocess.run([sys.executable, "-c", code], env=aot_gpu.child_env(cpu=False),
+                          capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.skipif(not BOTH_PLUGINS, reason="needs libtpu and .ci/aot-gpu (the aot extra)")
@@ -57,7 +50,7 @@ def test_a_cpu_command_with_both_plugins_installed_prints_only_its_own_lines(tmp
     argv = [sys.executable, "-m", "alodlm_jax.cli.evaluate", "--model", "builtin:tiny", "--input",
             str(tasks), "--output", str(tmp_path / "out"), "--device", "cpu", "--window-size", "4",
             "--max-new-tokens", "8", "--workers", "1"]
-    done = subprocess.run(argv, env=_plugins_env(), capture_output=True, text=True, timeout=600)
+    done = subprocess.run(argv, env=aot_gpu.child_env(cpu=False), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     lines = done.stderr.splitlines()
     assert lines, "the command's own phase lines are missing"
@@ -68,7 +61,7 @@ def test_a_cpu_command_with_both_plugins_installed_prints_only_its_own_lines(tmp
     long_task = dict(rows[0], prompt="word " * 5000)
     tasks.write_text(json.dumps(long_task) + "\n")
     argv[argv.index(str(tmp_path / "out"))] = str(tmp_path / "bad")
-    done = subprocess.run(argv, env=_plugins_env(), capture_output=True, text=True, timeout=600)
+    done = subprocess.run(argv, env=aot_gpu.child_env(cpu=False), capture_output=True, text=True, timeout=600)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.splitlines()
     assert all(line.startswith(f"{PROG}: ") for line in lines), done.stderr
