@@ -89,11 +89,10 @@ class Packed:
       is_mask: bool[W] — row is a real mask entry (the tail of the valid rows).
       num_rows: int32[] — number of valid rows (the window length ``T`` of the counters).
       start: int32[] — the cache slot of packed row 0 (= prefix-cache length ``cache_len``).
-      observed: int32[] — number of valid rows that are not masks (the packed row of the first
-        mask).
-      rope: the model's RoPE tables ``(cos, sin)`` of ``positions``, which an engine attaches once
-        for all the window's passes (:func:`alodlm_jax.decode.window.open_window`); None where
-        each pass makes its own.
+      observed, rope: what every pass of the window reads, where an engine made it once when the
+        window opened (:func:`alodlm_jax.decode.window.open_window`), else None (each pass makes
+        its own): int32[] the number of valid rows that are not masks (:func:`observed_rows`),
+        and the model's RoPE tables ``(cos, sin)`` of ``positions``.
     """
 
     order: jax.Array
@@ -103,7 +102,7 @@ class Packed:
     is_mask: jax.Array
     num_rows: jax.Array
     start: jax.Array
-    observed: jax.Array
+    observed: jax.Array | None = None
     rope: tuple | None = None
 
 
@@ -282,8 +281,15 @@ def pack_window(window: Window, cache_len, *, mask_id: int) -> Packed:
     ids = jnp.where(p_valid, window.tokens[order], mask_id).astype(I32)
     positions = (cache_len + jnp.where(p_valid, order, idx)).astype(I32)
     return Packed(order=order, ids=ids, positions=positions, valid=p_valid, is_mask=p_mask,
-                  num_rows=window.length, start=jnp.asarray(cache_len, I32),
-                  observed=jnp.sum((p_valid & ~p_mask).astype(I32)))
+                  num_rows=window.length, start=jnp.asarray(cache_len, I32))
+
+
+def observed_rows(packed: Packed) -> jax.Array:
+    """The packed window's valid rows that are not masks (int32[]: the packed row of its first
+    mask): :attr:`Packed.observed` where it was made when the window opened, else counted."""
+    if packed.observed is not None:
+        return packed.observed
+    return jnp.sum((packed.valid & ~packed.is_mask).astype(I32))
 
 
 def end_window(state: DecodeState, packed: Packed, pst: PassState, executed) -> DecodeState:

@@ -325,7 +325,7 @@ def token_heads(params, r, packed, heads: int):
     pass's largest matrix product. The other rows get token 0 and entropy 0 (never read).
     """
     rows = r.shape[0]
-    lo = jnp.minimum(packed.observed, rows - heads)
+    lo = jnp.minimum(S.observed_rows(packed), rows - heads)
     logits = M.lm_logits(params, jax.lax.dynamic_slice_in_dim(r, lo, heads, axis=0))
     pred = S.greedy_tokens(logits)
     entropy = S.entropy_from_logits(logits)
@@ -351,7 +351,10 @@ def open_window(params, cache, dstate, consts, *, cfg, prefix_limit=None, rows_n
     ``prefix_limit``, ``rows_needed``: a batch passes values shared by its requests
     (:func:`window_prelude`); ``shapes``: the :mod:`alodlm_jax.rows` policy."""
     packed = S.pack_window(dstate.window, dstate.cache_len, mask_id=cfg.mask_token_id)
-    packed = packed.replace(rope=M.rope_tables(packed.positions, cfg.head_dim, cfg.rope_theta,
+    # What every pass of the window reads, made once here (the batch step packs without them:
+    # carried in its state, the count cost it two kernels a step more than it saved).
+    packed = packed.replace(observed=S.observed_rows(packed),
+                            rope=M.rope_tables(packed.positions, cfg.head_dim, cfg.rope_theta,
                                                params["embed"].dtype))
     pst = S.init_pass_state(packed, consts["penalty"])
     cache, h = window_prelude(params, cache, packed, cfg=cfg, prefix_limit=prefix_limit,

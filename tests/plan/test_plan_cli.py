@@ -122,6 +122,38 @@ def test_every_named_target_file_loads():
     assert targets.load_target("h200").bandwidth_bytes_per_second == 4.8e12
 
 
+def test_a_window_makes_its_rope_tables_once_not_in_every_pass(tmp_path):
+    """The single-request program's pass loop (its step) computes no cosine or sine: a window's
+    RoPE tables are made when it opens (decode.window.open_window), as its prelude is."""
+    import gzip
+
+    from alodlm_jax.plan import hlo
+
+    status, _ = _run(tmp_path, "--target", "cpu", "--programs", "single", "--save_hlo",
+                     str(tmp_path))
+    assert status == 0
+    module = hlo.parse(gzip.open(tmp_path / "single.hlo.gz", "rt").read())
+    passes = hlo.step_loop(module, depth=2)
+
+    def reached(names, seen):  # the computations these call, transitively
+        for name in names:
+            if name in module.computations and name not in seen:
+                seen.add(name)
+                for instr in module.computations[name].instructions:
+                    reached([c for key in ("calls", "to_apply", "body", "condition",
+                                           "branch_computations")
+                             for c in module.callees(instr, key)], seen)
+        return seen
+
+    def trig(names):
+        return {i.opcode for n in names for i in module.computations[n].instructions
+                if i.opcode in ("cosine", "sine")}
+
+    assert trig(module.computations) == {"cosine", "sine"}  # the program has them
+    assert trig(reached(module.callees(passes, "body") + module.callees(passes, "condition"),
+                        set())) == set()
+
+
 # The batch program evaluate runs on one TPU or GPU, at shapes the kernels support (heads of 128,
 # a window of 16 rows): each layer's attention is a Mosaic or Triton call.
 def _kernel_calls(target: str, out: str, program: str = "batch", window: int = 8) -> dict:
