@@ -390,19 +390,22 @@ def run_stack(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Array,
 
 def _window_layer(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax.Array,
                   k_all: jax.Array, v_all: jax.Array, index: tuple, start: jax.Array,
-                  kv_bucket: jax.Array | None, kernel: bool = False):
+                  kv_bucket: jax.Array | None, kernel: bool = False, counts=None):
     """One decoder layer over a window that reads the cache and writes nothing.
 
-    Returns ``(h, k, v)`` with the rows' K/V ``[T, n_kv, d_h]`` in the cache dtype; the caller stores
-    them (:func:`store_window`). Attention: prefix slots ``< start`` of the buffer at ``index`` (its
-    first ``kv_buckets(...)[kv_bucket]`` slots) plus the window's own rows, see
+    Returns ``(h, k, v, counts)`` with the rows' K/V ``[T, n_kv, d_h]`` in the cache dtype, which
+    the caller stores (:func:`store_window`). Attention: prefix slots ``< start`` of the buffer at
+    ``index`` (its first ``kv_buckets(...)[kv_bucket]`` slots) plus the window's own rows, see
     :func:`~alodlm_jax.attention.attend_window`; ``kernel``: in the platform's Pallas kernel, as a
     batch of one (:func:`~alodlm_jax.attention.kernel_attention`), which reads the prefix where it
-    lies instead of XLA's copies of the buffer, its scores and its probabilities.
+    lies instead of XLA's copies of the buffer, its scores and its probabilities. ``counts``:
+    the attention kernel's (:func:`_kernel_qkv_attention`), as they came where it does not
+    count.
     """
     if kernel:
-        attn, k, v = _kernel_qkv_attention(lp, eps, h, cos, sin, k_all, v_all, index, start)
-        return _attention_out_and_mlp(lp, eps, h, attn, kernel), k, v
+        attn, k, v, counts = _kernel_qkv_attention(lp, eps, h, cos, sin, k_all, v_all, index,
+                                                   start, counts)
+        return _attention_out_and_mlp(lp, eps, h, attn, kernel), k, v, counts
     q, k, v = _qkv(lp, eps, h, cos, sin)
     k = k.astype(k_all.dtype)
     v = v.astype(v_all.dtype)
@@ -414,7 +417,7 @@ def _window_layer(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax
         return A.attend_window(q, k_pre, v_pre, start, k.astype(q.dtype), v.astype(q.dtype))
 
     attn = _on_kv_bucket(k_all.shape[len(index)], kv_bucket, attend_first, q, k, v, k_all, v_all)
-    return _attention_out_and_mlp(lp, eps, h, attn), k, v
+    return _attention_out_and_mlp(lp, eps, h, attn), k, v, counts
 
 
 def _normed_attention(lp: Params, h: jax.Array, k_all: jax.Array, rows: int) -> bool:
@@ -448,24 +451,30 @@ def _qkv_projections(lp: Params, eps: float, h: jax.Array) -> jax.Array:
 
 
 def _normed_window_attention(lp: Params, eps: float, qkv: jax.Array, cos: jax.Array,
-                             sin: jax.Array, k_all, v_all, layer, depth, start):
+                             sin: jax.Array, k_all, v_all, layer, depth, start, counts=None):
     """:func:`~alodlm_jax.window_kernel.window_attention_qkv` of the requests' projections
-    ``qkv [B, W, n_q + 2 n_kv, d_h]``: ``(attn [B, W, n_q, d_h], k, v [B, W, n_kv, d_h])``, the
-    values those of ``qkv`` as they are."""
+    ``qkv [B, W, n_q + 2 n_kv, d_h]``: ``(attn [B, W, n_q, d_h], k, v [B, W, n_kv, d_h],
+    counts)``, the values those of ``qkv`` as they are; ``counts`` as the kernel's (None where
+    not given: a second kernel combines a split prefix's parts)."""
     from alodlm_jax import window_kernel as WK
     n_q, n_kv = lp["q"].shape[1], lp["k"].shape[1]
-    attn, k = WK.window_attention_qkv(qkv, n_q, lp["q_norm"], lp["k_norm"], cos, sin, eps, k_all,
-                                      v_all, layer, depth, start)
-    return attn, k, qkv[:, :, n_q + n_kv:]
+    attn, k, *counted = WK.window_attention_qkv(qkv, n_q, lp["q_norm"], lp["k_norm"], cos, sin,
+                                                eps, k_all, v_all, layer, depth, start,
+                                                counts=counts)
+    return attn, k, qkv[:, :, n_q + n_kv:], (counted[0] if counted else None)
 
 
 def _kernel_qkv_attention(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax.Array,
-                          k_all: jax.Array, v_all: jax.Array, index: tuple, start: jax.Array):
+                          k_all: jax.Array, v_all: jax.Array, index: tuple, start: jax.Array,
+                          counts=None):
     """A window's queries, keys and values (:func:`_qkv`) and its attention in the platform's
     Pallas kernel as a batch of one (:func:`~alodlm_jax.attention.kernel_attention`): ``(attn
-    [T, n_q, d_h], k, v [T, n_kv, d_h])``, k and v in the cache's dtype; on an NVIDIA GPU where
-    :func:`_normed_attention` says so, the products' output goes to the attention kernel as it
-    is (:func:`_normed_window_attention`)."""
+    [T, n_q, d_h], k, v [T, n_kv, d_h], counts)``, k and v in the cache's dtype; on an NVIDIA
+    GPU where :func:`_normed_attention` says so, the products' output goes to the attention
+    kernel as it is (:func:`_normed_window_attention`), which, given ``counts`` (``int32 [L, 1,
+    n_kv]``, zero at this layer: :func:`run_window_stack`'s), combines a split prefix's parts
+    in its last part (:mod:`alodlm_jax.window_kernel`); elsewhere ``counts`` come back as
+    they came."""
     size = k_all.shape[len(index)]
 
     def cache_index():  # the layer, and the depth as [1] (None without a depth axis)
@@ -478,16 +487,17 @@ def _kernel_qkv_attention(lp: Params, eps: float, h: jax.Array, cos: jax.Array, 
         layer, depth = cache_index()
         attn = A.kernel_attention(q[None], k[None], v[None], k_all[None], v_all[None], layer,
                                   depth, start[None], size=size)[0]
-        return attn, k, v
+        return attn, k, v, counts
 
     if not _normed_attention(lp, h, k_all, h.shape[0]):
         return separate(h)
 
     def fused(h):
         layer, depth = cache_index()
-        return tuple(x[0] for x in _normed_window_attention(
+        attn, k, v, counted = _normed_window_attention(
             lp, eps, _qkv_projections(lp, eps, h)[None], cos[None], sin[None], k_all[None],
-            v_all[None], layer, depth, start[None]))
+            v_all[None], layer, depth, start[None], counts)
+        return attn[0], k[0], v[0], counted
 
     return jax.lax.platform_dependent(h, cuda=fused, default=separate)
 
@@ -521,12 +531,20 @@ def run_window_stack(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Arr
     kv_bucket = (kv_bucket_index(kv_buckets(slots), start if prefix_limit is None else prefix_limit)
                  if bucketed else None)
 
-    def layer(lp, i, h):
-        index = (i,) if depth is None else (i, depth)
-        return _window_layer(lp, eps, h, cos, sin, k_all, v_all, index, start, kv_bucket,
-                             kernel)
+    # The attention kernel's counts (one request, each layer's KV heads), zero for this call:
+    # where it splits a prefix in parts, its last part to finish combines them
+    # (window_kernel._gpu_attention), carried from layer to layer; unused elsewhere.
+    counts = jnp.zeros((n, 1, k_all.shape[-2]), jnp.int32) if kernel else None
 
-    return _layer_loop(stack, layer, h)
+    def layer(lp, i, carry):
+        h, counts = carry
+        index = (i,) if depth is None else (i, depth)
+        h, k, v, counts = _window_layer(lp, eps, h, cos, sin, k_all, v_all, index, start,
+                                        kv_bucket, kernel, counts)
+        return (h, counts), k, v
+
+    (h, _), k, v = _layer_loop(stack, layer, (h, counts))
+    return h, k, v
 
 
 def _layer_loop(stack, layer, h, kv_axis: int = 0):
@@ -578,7 +596,7 @@ def _window_layer_rows(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin
         return lanes(h)
 
     def fused(h):  # in-order lanes: a request's lane is its padded rows (from_rows)
-        attn, k, v = _normed_window_attention(
+        attn, k, v, _ = _normed_window_attention(
             lp, eps, R.to_lanes(_qkv_projections(lp, eps, h), m, rows), R.to_lanes(cos, m, rows),
             R.to_lanes(sin, m, rows), k_all, v_all, jnp.asarray(layer, jnp.int32), depth,
             jnp.where(m.lane_valid, start, 0))

@@ -22,7 +22,10 @@ online softmax:
   depth. A small batch makes too few programs to read at the device's bandwidth (one request of
   the released models: 8, on 132 SMs), so there each prefix is walked in parts (flash-decoding,
   :func:`gpu_splits`): grid ``(B, n_kv, splits)``, each program one run of the prefix's tiles,
-  writing its unnormalized output, maximum and sum in fp32; a second kernel combines them.
+  writing its unnormalized output, maximum and sum in fp32; a second kernel combines them, or,
+  where the caller carries zeroed counts (one request's window layers,
+  :func:`alodlm_jax.model.run_window_stack`), the head's last program to finish does, in the
+  same order.
   :func:`window_attention_qkv` is the same kernel taking the window's queries and keys as the
   q/k/v products leave them: each program applies the heads' norms and RoPE itself
   (:func:`norm_rope_halves`, the operations of :mod:`alodlm_jax.head_norm_kernel`) and the
@@ -59,6 +62,10 @@ GPU_RUN_BLOCKS = 4  # the fewest blocks a part of a split prefix walks (_runs)
 # (window_attention_qkv) where it can; False keeps the heads' norms in a kernel of their own
 # (scripts/gpu_check.sh --separate_norms, to compare the engines' ms/pass both ways).
 NORMS_IN_ATTENTION = True
+# Whether the split GPU kernel's last part to finish combines a head's parts itself where its
+# caller carries the counts (_gpu_attention's ``counts``); False combines them in a kernel of
+# their own (scripts/gpu_check.sh --separate_combine, to compare the engines both ways).
+COMBINE_IN_ATTENTION = True
 
 
 def _precision(dtype):
@@ -249,7 +256,8 @@ def _tpu_kernel(layer_ref, depth_ref, start_ref, q_ref, kw_ref, vw_ref, k_ref, v
 
 
 def _gpu_kernel(layer_ref, depth_ref, start_ref, q_ref, kw_ref, vw_ref, k_ref, v_ref, *refs,
-                bs: int, rows: int, splits: int, eps: float | None = None):
+                bs: int, rows: int, splits: int, eps: float | None = None,
+                counting: bool = False, interpret: bool = False):
     """Grid ``(B, n_kv)``: one program per request and KV head loops over the blocks of the
     request's prefix, loading each from the cache at its layer and depth (a strided tile), then
     its window. The head's queries ``[rows, group, d_h]`` are stacked row-major (row ``a * group
@@ -265,19 +273,33 @@ def _gpu_kernel(layer_ref, depth_ref, start_ref, q_ref, kw_ref, vw_ref, k_ref, v
     the projections left them, and the program applies the heads' norms and RoPE first
     (:func:`norm_rope_halves`; ``refs`` begin with cos, sin and the two norms' weights), and
     writes the window's keys so made to its last output (the first part's program, where the
-    prefix is split)."""
+    prefix is split).
+
+    ``counting`` (a split prefix): each program's acc, m and l blocks hold all its head's parts,
+    and after writing its own a program adds one to its layer's, request's and head's count
+    (``int32 [L, B, n_kv]``, an input aliased to an output, zero before the call); the one that
+    brings it to the parts used combines them (:func:`_combined`, as :func:`_gpu_combine_kernel`
+    does) into the output, where a second kernel did. A barrier first, so that the whole
+    program's part is written before the count (one thread's acquire-release add, at the GPU's
+    scope); the last program reads the others' parts past its cache (volatile loads)."""
     b = pl.program_id(0)
     h = pl.program_id(1)
     start = start_ref[b]
     depth = depth_ref[b]
     layer = layer_ref[0]
     group = q_ref.shape[1]
+    refs = list(refs)
+    if eps is not None:
+        cos_ref, sin_ref, qn_ref, kn_ref = refs[:4]
+        del refs[:4]
+    if counting:
+        del refs[0]  # the counts as an input: the buffer of their output
+    ko_ref = refs.pop() if eps is not None else None
+    out_refs = refs
     if eps is None:
-        out_refs, ko_ref = refs, None
         q = q_ref[...].reshape(rows * group, q_ref.shape[2])
         k_window = kw_ref[...]
     else:
-        cos_ref, sin_ref, qn_ref, kn_ref, *out_refs, ko_ref = refs
         q, k_window = _normed_window(q_ref, kw_ref, cos_ref, sin_ref, qn_ref, kn_ref, eps)
     g, d_h = q.shape
 
@@ -307,15 +329,30 @@ def _gpu_kernel(layer_ref, depth_ref, start_ref, q_ref, kw_ref, vw_ref, k_ref, v
         return
     part = pl.program_id(2)
     run, used = _runs(start, bs, splits)
-    acc_ref, m_ref, l_ref = out_refs
+    acc_ref, m_ref, l_ref, *combined = out_refs
+    mine = (part, ...) if counting else (...,)  # the blocks hold every part, or this program's
 
     @pl.when(part < used)
     def _():
         m, l, acc = attend(part * run, jnp.minimum((part + 1) * run, tiles),
                            window & (part == used - 1))
-        acc_ref[...] = acc
-        m_ref[...] = m.reshape(g)
-        l_ref[...] = l.reshape(g)
+        acc_ref[mine] = acc
+        m_ref[mine] = m.reshape(g)
+        l_ref[mine] = l.reshape(g)
+        if not counting:
+            return
+        o_ref, count_ref = combined
+        if not interpret:
+            pltr.debug_barrier()
+        arrived = pltr.atomic_add(count_ref, (layer, b, h), jnp.int32(1))
+
+        @pl.when(arrived == used - 1)
+        def _():
+            load = ((lambda ref: ref[...]) if interpret
+                    else (lambda ref: pltr.load(ref, volatile=True)))
+            out = _combined(lambda p: (load(m_ref.at[p]), load(acc_ref.at[p]), load(l_ref.at[p])),
+                            used, g, d_h)
+            o_ref[...] = out.astype(o_ref.dtype).reshape(o_ref.shape)
 
     if ko_ref is not None:
         @pl.when(part == 0)
@@ -357,35 +394,46 @@ def _gpu_combine_kernel(start_ref, acc_ref, m_ref, l_ref, o_ref, *, bs: int, spl
     the running maximum as flash attention's online softmax rescales a block."""
     g, d_h = acc_ref.shape[1:]
     _, used = _runs(start_ref[pl.program_id(0)], bs, splits)
+    out = _combined(lambda p: (m_ref[p, :], acc_ref[p, :, :], l_ref[p, :]), used, g, d_h)
+    o_ref[...] = out.astype(o_ref.dtype).reshape(o_ref.shape)
 
+
+def _combined(part_at, used, g: int, d_h: int):
+    """The output ``[g, d_h]`` (fp32) of the first ``used`` parts, ``part_at(p)`` giving part
+    ``p``'s maximum ``[g]``, unnormalized output ``[g, d_h]`` and sum ``[g]``: added one part at a
+    time, rescaled to the running maximum as flash attention's online softmax rescales a
+    block."""
     def part(p, carry):
         top, total, norm = carry
-        m = m_ref[p, :]
+        m, acc, l = part_at(p)
         new = jnp.maximum(top, m)
         old, weight = jnp.exp(top - new), jnp.exp(m - new)
-        return (new, old[:, None] * total + weight[:, None] * acc_ref[p, :, :],
-                old * norm + weight * l_ref[p, :])
+        return new, old[:, None] * total + weight[:, None] * acc, old * norm + weight * l
 
     _, total, norm = jax.lax.fori_loop(
         0, used, part, (jnp.full((g,), _NEG_INF, jnp.float32), jnp.zeros((g, d_h), jnp.float32),
                         jnp.zeros((g,), jnp.float32)))
-    o_ref[...] = (total / norm[:, None]).astype(o_ref.dtype).reshape(o_ref.shape)
+    return total / norm[:, None]
 
 
 def _gpu_attention(scalars, window, window_specs, k_all, v_all, *, rows: int, group: int,
                    read: int, out_bytes: int, flops: int, scores: int, splits: int | None,
-                   interpret: bool, eps: float | None = None):
+                   interpret: bool, eps: float | None = None, counts=None):
     """The GPU kernel's call (and, for a split prefix, the combining one): ``window`` the
     operands before the cache (q, the window's k and v; with ``eps``, the projections' views,
     then cos, sin and the norms' weights) and their specs; ``rows`` the padded window rows; the
-    figures from :func:`_operands`.
-    Returns the output ``[B, rows, n_kv, group, d_h]`` and, with ``eps``, the window's keys
-    ``[B, rows, n_kv, d_h]`` as the kernel normalized them (else None)."""
+    figures from :func:`_operands`. ``counts`` (``int32 [L, B, n_kv]``, zero where this call
+    counts): for a split prefix, the kernel's last part to finish combines a head's parts itself
+    (:func:`_gpu_kernel`'s ``counting``, where :data:`COMBINE_IN_ATTENTION`), no second kernel.
+    Returns the output ``[B, rows, n_kv, group, d_h]``, with ``eps`` the window's keys ``[B,
+    rows, n_kv, d_h]`` as the kernel normalized them (else None), and the counts (the buffer
+    the kernel counted in, or ``counts`` as they came)."""
     batch, _, _, slots, n_kv, d_h = k_all.shape
     if slots % GPU_BLOCK_SLOTS:
         raise ValueError(f"the GPU kernel reads {GPU_BLOCK_SLOTS}-slot tiles: {slots} slots")
     dtype = window[0].dtype
     splits = gpu_splits(batch, n_kv, slots) if splits is None else splits
+    counting = counts is not None and splits > 1 and COMBINE_IN_ATTENTION
     g = group * rows
     whole = pl.no_block_spec
     head_out = pl.BlockSpec((None, rows, None, group, d_h), lambda b, h, *_: (b, 0, h, 0, 0))
@@ -393,13 +441,20 @@ def _gpu_attention(scalars, window, window_specs, k_all, v_all, *, rows: int, gr
     if splits == 1:
         out_shape, out_specs, written = (grouped,), (head_out,), out_bytes
     else:
-        part = lambda *shape: pl.BlockSpec((None, None, None) + shape,  # noqa: E731
-                                           lambda b, h, p: (b, h, p) + (0,) * len(shape))
+        # a program's own part, or (counting) all its head's parts, which the last one reads
+        parts_in_block = splits if counting else None
+        part = lambda *shape: pl.BlockSpec(  # noqa: E731
+            (None, None, parts_in_block) + shape,
+            lambda b, h, p: (b, h, 0 if counting else p) + (0,) * len(shape))
         out_shape = (jax.ShapeDtypeStruct((batch, n_kv, splits, g, d_h), jnp.float32),
                      jax.ShapeDtypeStruct((batch, n_kv, splits, g), jnp.float32),
                      jax.ShapeDtypeStruct((batch, n_kv, splits, g), jnp.float32))
         out_specs = (part(g, d_h), part(g), part(g))
         written = parts = sum(4 * s.size for s in out_shape)
+        if counting:  # the output, and the parts read back by the last program
+            out_shape += (grouped, jax.ShapeDtypeStruct(counts.shape, jnp.int32))
+            out_specs += (head_out, whole)
+            written += parts + out_bytes
     if eps is not None:  # the window's keys, normalized and rotated
         keys = jax.ShapeDtypeStruct((batch, rows, n_kv, d_h), dtype)
         out_shape += (keys,)
@@ -407,20 +462,26 @@ def _gpu_attention(scalars, window, window_specs, k_all, v_all, *, rows: int, gr
         written += keys.size * jnp.dtype(dtype).itemsize
     # XLA:GPU keeps no cost estimate: the figures travel in the kernel's metadata.
     moved = read + written
+    operands = (*scalars, *window[:3], k_all, v_all, *window[3:]) + ((counts,) if counting else ())
     out = pl.pallas_call(
-        functools.partial(_gpu_kernel, bs=GPU_BLOCK_SLOTS, rows=rows, splits=splits, eps=eps),
+        functools.partial(_gpu_kernel, bs=GPU_BLOCK_SLOTS, rows=rows, splits=splits, eps=eps,
+                          counting=counting, interpret=interpret),
         out_shape=out_shape,
         grid=(batch, n_kv) if splits == 1 else (batch, n_kv, splits),
-        in_specs=[whole, whole, whole, *window_specs[:3], whole, whole, *window_specs[3:]],
+        in_specs=[whole, whole, whole, *window_specs[:3], whole, whole, *window_specs[3:]]
+        + ([whole] if counting else []),
         out_specs=out_specs,
+        input_output_aliases={len(operands) - 1: 4} if counting else {},
         compiler_params=pltr.CompilerParams(num_warps=4, num_stages=2),
         metadata={"bytes_accessed": str(moved), "flops": str(flops),
                   "programs": str(batch * n_kv * splits)},
         cost_estimate=pl.CostEstimate(flops=flops, transcendentals=scores, bytes_accessed=moved),
-        interpret=interpret)(*scalars, *window[:3], k_all, v_all, *window[3:])
+        interpret=interpret)(*operands)
     keys = out[-1] if eps is not None else None
     if splits == 1:
-        return out[0], keys
+        return out[0], keys, counts
+    if counting:
+        return out[3], keys, out[4]
     # As many programs: each combines the parts of rows / chunks window rows.
     chunks = min(splits, rows)
     part_rows = lambda *shape: pl.BlockSpec(  # noqa: E731
@@ -436,7 +497,7 @@ def _gpu_attention(scalars, window, window_specs, k_all, v_all, *, rows: int, gr
         metadata={"bytes_accessed": str(parts + out_bytes), "flops": "0",
                   "programs": str(batch * n_kv * chunks)},
         interpret=interpret)(scalars[2], *out[:3])
-    return combined, keys
+    return combined, keys, counts
 
 
 def _operands(q_shape, n_kv: int, dtype, k_all, v_all, layer, depth, start):
@@ -516,7 +577,7 @@ def window_attention(q, k, v, k_all, v_all, layer, depth, start, *, backend: str
         # q and the output as [B, W, n_kv, group, d_h] (a reshape of [B, W, n_q, d_h], no copy).
         head_q = pl.BlockSpec((None, rows, None, group, d_h), lambda b, h, *_: (b, 0, h, 0, 0))
         head_window = pl.BlockSpec((None, rows, None, d_h), lambda b, h, *_: (b, 0, h, 0))
-        out, _ = _gpu_attention(
+        out, _, _ = _gpu_attention(
             scalars, (q.reshape(batch, rows, n_kv, group, d_h), k, v),
             [head_q, head_window, head_window], k_all, v_all, rows=rows, group=group,
             read=read, out_bytes=out_bytes, flops=flops, scores=scores, splits=splits,
@@ -527,7 +588,7 @@ def window_attention(q, k, v, k_all, v_all, layer, depth, start, *, backend: str
 
 def window_attention_qkv(qkv, n_q: int, q_weight, k_weight, cos, sin, eps: float, k_all, v_all,
                          layer, depth, start, *, interpret: bool = False,
-                         splits: int | None = None):
+                         splits: int | None = None, counts=None):
     """:func:`window_attention` on an NVIDIA GPU for queries and window keys as the projections
     leave them: the kernel applies the heads' norms and RoPE first, as
     :func:`alodlm_jax.head_norm_kernel.norm_rope` would in a kernel of its own
@@ -539,7 +600,9 @@ def window_attention_qkv(qkv, n_q: int, q_weight, k_weight, cos, sin, eps: float
     output ``[B, W, n_q, d_h]`` and the window's keys ``[B, W, n_kv, d_h]`` as normalized and
     rotated (for the cache); the window's values are ``qkv``'s last ``n_kv`` heads as they
     are. Where :func:`supported` says so for the GPU and :func:`norm_rope_supported` for the
-    heads; ``interpret`` runs it in Pallas's interpreter."""
+    heads; ``interpret`` runs it in Pallas's interpreter. ``counts`` given (``int32 [L, B,
+    n_kv]``, zero at ``layer``): a split prefix's parts are combined by the kernel's last part
+    to finish, counting there (:func:`_gpu_attention`), and the counts come back third."""
     batch, real, heads, d_h = qkv.shape
     n_kv = (heads - n_q) // 2
     group = n_q // n_kv
@@ -553,12 +616,13 @@ def window_attention_qkv(qkv, n_q: int, q_weight, k_weight, cos, sin, eps: float
                                       lambda b, h, *_: (b, 0, first + h, 0))
     table = pl.BlockSpec((None, rows, d_h), lambda b, h, *_: (b, 0, 0))
     weight = pl.no_block_spec
-    out, keys = _gpu_attention(
+    out, keys, counted = _gpu_attention(
         scalars,
         (qkv, qkv, qkv, cos, sin, q_weight.astype(qkv.dtype), k_weight.astype(qkv.dtype)),
         # the KV head's group of query heads: block h of `group` heads
         [pl.BlockSpec((None, rows, group, d_h), lambda b, h, *_: (b, 0, h, 0)),
          head(n_q), head(n_q + n_kv), table, table, weight, weight],
         k_all, v_all, rows=rows, group=group, read=read, out_bytes=out_bytes, flops=flops,
-        scores=scores, splits=splits, interpret=interpret, eps=float(eps))
-    return out.reshape(batch, rows, n_q, d_h)[:, :real], keys[:, :real]
+        scores=scores, splits=splits, interpret=interpret, eps=float(eps), counts=counts)
+    out, keys = out.reshape(batch, rows, n_q, d_h)[:, :real], keys[:, :real]
+    return (out, keys) if counts is None else (out, keys, counted)

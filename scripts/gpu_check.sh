@@ -23,6 +23,7 @@
 #
 # Usage:  bash scripts/gpu_check.sh [--tiny] [--max_new_tokens N] [--models 1.7b,8b] [--batches 1,8,32]
 #                                  [--graphs] [--no_attention] [--xla_products] [--separate_norms]
+#                                  [--separate_combine]
 #                                  [--layouts | --layouts_only]
 #         bash scripts/gpu_check.sh --parity [gpu_parity.py's options]
 #   --parity   only the fp32 parity check against the CPU (scripts/gpu_parity.py: several small
@@ -42,7 +43,9 @@
 #              how far apart their outputs are; the heads' norms and RoPE in their Triton
 #              kernel (alodlm_jax/head_norm_kernel.py) against XLA's form on this device, and
 #              (one request's window) the attention kernel that applies them itself against
-#              that kernel and the attention kernel ("normed attention"); and a
+#              that kernel and the attention kernel ("normed attention"), and the attention
+#              kernel's last part combining a long prefix's parts against a second kernel
+#              combining them, 100 calls each ("combined attention"); and a
 #              window layer's products with their norms and residual adds in Triton kernels
 #              (alodlm_jax/matmul_kernel.py, one request's rows and two requests') against
 #              XLA's form: us per layer, weights read per second, outputs equal.
@@ -50,6 +53,9 @@
 #              (matmul_kernel.MAX_ROWS = 0), to compare their ms/pass with a run without it.
 #   --separate_norms  the engines apply the heads' norms and RoPE in a kernel of their own, not
 #              in the attention kernel (window_kernel.NORMS_IN_ATTENTION = False), likewise.
+#   --separate_combine  the single-request program combines a prefix's parts in a kernel of
+#              their own, not in the attention kernel's last part to finish
+#              (window_kernel.COMBINE_IN_ATTENTION = False), likewise.
 #   --layouts  (block "LAYOUTS" below) also the compiled engine with continuous batching
 #              on every ("data", "model") mesh the visible devices allow (one H200: data=1,model=1
 #              through the mesh path), against one-device batch 1: tokens/s, same tokens, and the
@@ -64,6 +70,7 @@ fi
 export PYTHONPATH="${HERE}/scripts:${HERE}${PYTHONPATH:+:${PYTHONPATH}}"
 exec python - "$@" <<'PY'
 import argparse
+import functools
 import sys
 import time
 
@@ -166,6 +173,9 @@ def main() -> int:
     parser.add_argument("--separate_norms", action="store_true",
                         help="the engines' heads' norms in a kernel of their own, not the "
                              "attention kernel's")
+    parser.add_argument("--separate_combine", action="store_true",
+                        help="a split prefix's parts combined by a kernel of their own, not by "
+                             "the attention kernel's last part")
     parser.add_argument("--layouts", action="store_true")
     parser.add_argument("--layouts_only", action="store_true")
     parser.add_argument("--layout_batch", type=int, default=8)
@@ -179,10 +189,16 @@ def main() -> int:
         from alodlm_jax import window_kernel
 
         window_kernel.NORMS_IN_ATTENTION = False  # the model keeps head_norm_kernel's
+    if args.separate_combine:
+        from alodlm_jax import window_kernel
+
+        window_kernel.COMBINE_IN_ATTENTION = False  # the combining kernel, as for a batch
     dev = jax.devices()[0]
     print(f"jax {jax.__version__}; device {dev.platform} {dev.device_kind}; tiny={args.tiny}; "
           f"layer products in {'XLA' if args.xla_products else 'matmul_kernel'}; heads' norms "
-          f"in {'their own kernel' if args.separate_norms else 'the attention kernel'}",
+          f"in {'their own kernel' if args.separate_norms else 'the attention kernel'}; a "
+          f"prefix's parts combined by "
+          f"{'their own kernel' if args.separate_combine else 'the attention kernel'}",
           flush=True)
     if dev.platform != "gpu" and not args.tiny:
         print("warning: no GPU visible; the full shapes will be slow here (use --tiny)", flush=True)
@@ -345,6 +361,7 @@ def head_norm_check(cfg, args) -> None:
               f"max |difference| {diff:.3g}", flush=True)
         if rows == 2 * args.window_size:  # one request's window: the attention kernel does them
             normed_attention_check(cfg, args, qkv, q_w, k_w, cos, sin, kernel, on_gpu)
+            combined_attention_check(cfg, args, qkv, q_w, k_w, cos, sin, on_gpu)
 
 
 def normed_attention_check(cfg, args, qkv, q_w, k_w, cos, sin, norm_rope, on_gpu) -> None:
@@ -378,6 +395,49 @@ def normed_attention_check(cfg, args, qkv, q_w, k_w, cos, sin, norm_rope, on_gpu
     equal, diff = agreement(two(qkv), one(qkv))
     print(f"  normed attention rows {rows:>4}: one kernel vs two {100 * equal:.3f}% equal, "
           f"max |difference| {diff:.3g}", flush=True)
+
+
+def combined_attention_check(cfg, args, qkv, q_w, k_w, cos, sin, on_gpu) -> None:
+    """One request's window over a prefix walked in parts, as the single-request program runs
+    it: the attention kernel's last part to finish combining its head's parts (given the counts,
+    as model.run_window_stack gives them) against a second kernel combining them, over a quarter
+    and the whole of a cache of one layer, 100 calls each on a GPU (a part read before its
+    program wrote it would make a call differ): the share of the outputs equal bit for bit,
+    the calls that differed, and the largest difference."""
+    from alodlm_jax import window_kernel as WK
+
+    rows = qkv.shape[0]
+    n_q, n_kv, d_h = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    slots = 512 if args.tiny else 5376
+    if not (WK.COMBINE_IN_ATTENTION and WK.supported(
+            "gpu", slots=slots, n_kv=n_kv, head_dim=d_h, rows=rows, group=n_q // n_kv,
+            dtype=jnp.bfloat16)):
+        print(f"  combined attention rows {rows:>4}: parts combined by a second kernel")
+        return
+    k_all, v_all = (jax.random.normal(key, (1, 1, slots, n_kv, d_h), jnp.bfloat16)
+                    for key in jax.random.split(jax.random.key(6)))
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def attend(counting, qkv, k_all, v_all, start):
+        counts = jnp.zeros((1, 1, n_kv), jnp.int32) if counting else None
+        return WK.window_attention_qkv(qkv[None], n_q, q_w, k_w, cos[None], sin[None],
+                                       cfg.rms_norm_eps, k_all, v_all, jnp.int32(0), None,
+                                       start, interpret=not on_gpu, counts=counts)[:2]
+
+    calls = 100 if on_gpu else 2
+    for prefix in (slots // 4, slots - rows):
+        start = jnp.asarray([prefix], jnp.int32)
+        want = attend(False, qkv, k_all, v_all, start)
+        shares, differed, worst = [], 0, 0.0
+        for _ in range(calls):
+            equal, diff = agreement(want, attend(True, qkv, k_all, v_all, start))
+            shares.append(equal)
+            differed += equal < 1
+            worst = max(worst, diff)
+        print(f"  combined attention rows {rows:>4}, prefix {prefix:>5}: in the kernel vs a "
+              f"second kernel {100 * min(shares):.3f}% equal, {differed} of {calls} calls "
+              f"differ, max |difference| {worst:.3g}", flush=True)
+    del k_all, v_all
 
 
 def agreement(want, got) -> tuple[float, float]:

@@ -24,6 +24,8 @@ def test_gpu_check_tiny_runs_on_cpu():
     # kernel applying the heads' norms itself against the two kernels, one request's rows.
     assert done.stdout.count("% equal, max |difference|") == 10
     assert done.stdout.count("normed attention rows   32: one kernel vs two") == 2
+    # And the attention kernel's last part combining a prefix's parts, at two prefixes.
+    assert done.stdout.count("in the kernel vs a second kernel 100.000% equal, 0 of 2 calls") == 4
     assert done.stdout.count("  layer products rows   32: XLA's form") == 2
     assert done.stdout.count("  layer products rows   64: XLA's form") == 2
     # The batch sweep: both sizes on both shapes, each with XLA's step analysis and equal tokens.

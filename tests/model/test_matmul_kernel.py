@@ -2,6 +2,8 @@
 (:mod:`alodlm_jax.matmul_kernel`) against the XLA form they replace, in Pallas's interpreter, alone
 and as the model wires them; and, with the aot extra, compiled for a GPU without one."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -152,11 +154,45 @@ def test_the_window_layer_hands_the_products_to_the_attention_kernel(monkeypatch
     cos, sin = M.rope_tables(jnp.arange(rows) + 100, d_h, 1e6, jnp.bfloat16)
     k_all, v_all = (_draw(rng, jnp.bfloat16, 3, 2, slots, n_kv, d_h) for _ in range(2))
     index, start = (jnp.int32(1), jnp.int32(2)), jnp.int32(70)
-    want = M._window_layer(lp, EPS, h, cos, sin, k_all, v_all, index, start, None)
+    *want, no_counts = M._window_layer(lp, EPS, h, cos, sin, k_all, v_all, index, start, None)
     calls = _on_cuda_interpreted(monkeypatch)
-    got = M._window_layer(lp, EPS, h, cos, sin, k_all, v_all, index, start, None, kernel=True)
+    *got, counts = M._window_layer(lp, EPS, h, cos, sin, k_all, v_all, index, start, None,
+                                   kernel=True)
     assert sorted(calls) == sorted(PRODUCTS + ["window_attention_qkv"])
+    assert counts is None is no_counts
     _assert_close(got, want, 2.0 ** -5)
+
+
+def test_one_request_combines_its_parts_in_the_attention_kernel(monkeypatch):
+    """Given the counts (zeros, as run_window_stack passes them), one request's window layer
+    on the cuda branch (interpreted) combines its prefix's parts in the attention kernel's last
+    part: its output and K/V equal, to the bit, the same layer with the parts combined by a
+    second kernel (no counts, or COMBINE_IN_ATTENTION off), and the counts hold the parts used
+    at the layer's KV heads, zeros elsewhere."""
+    monkeypatch.setattr(WK, "GPU_RUN_BLOCKS", 1)  # a part of each 64-slot tile: 5 parts
+    rng = np.random.default_rng(5)
+    rows, hidden, n_q, n_kv, d_h, inner, slots = 32, 256, 4, 2, 64, 512, 512
+    lp = _layer(rng, jnp.bfloat16, hidden, n_q, n_kv, d_h, inner)
+    h = _draw(rng, jnp.bfloat16, rows, hidden, scale=2.0)
+    cos, sin = M.rope_tables(jnp.arange(rows) + 300, d_h, 1e6, jnp.bfloat16)
+    k_all, v_all = (_draw(rng, jnp.bfloat16, 3, 2, slots, n_kv, d_h) for _ in range(2))
+    index, start = (jnp.int32(2), jnp.int32(1)), jnp.int32(300)
+    zeros = jnp.zeros((3, 1, n_kv), jnp.int32)
+    calls = _on_cuda_interpreted(monkeypatch)
+    run = functools.partial(M._window_layer, lp, EPS, h, cos, sin, k_all, v_all, index, start,
+                            None, kernel=True)
+    *got, counts = run(counts=zeros)
+    *apart, none = run()
+    with monkeypatch.context() as separate:  # the switch gpu_check's --separate_combine turns
+        separate.setattr(WK, "COMBINE_IN_ATTENTION", False)
+        *switched, unchanged = run(counts=zeros)
+    assert calls == ["norm_matmul", "window_attention_qkv", "matmul_residual", "norm_matmul",
+                     "matmul_residual"] * 3
+    assert none is None and (unchanged == zeros).all()
+    assert counts.tolist() == [[[0, 0]], [[0, 0]], [[5, 5]]]
+    for one, other in ((got, apart), (got, switched)):
+        for g, w in zip(one, other, strict=True):
+            np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32))
 
 
 def test_the_batch_layer_hands_the_products_to_the_attention_kernel(monkeypatch):
@@ -211,8 +247,16 @@ GPU_COMPILE = """
     window_layer = lambda lp, h, cos, sin, k_all, v_all, start: M._window_layer(
         lp, 1e-6, h, cos, sin, k_all, v_all, (0, jnp.int32(1)), start, None, kernel=True)
     cache = spec(2, 3, 256, n_kv, d_h)
+    scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=on_gpu)
     found["layer"] = report(window_layer, lp, spec(rows, hidden), spec(rows, d_h), spec(rows, d_h),
-                            cache, cache, jax.ShapeDtypeStruct((), jnp.int32, sharding=on_gpu))
+                            cache, cache, scalar)
+    # The same with the counts (zeros, as run_window_stack makes them): the attention kernel's
+    # last part combines the parts.
+    counting_layer = lambda lp, h, cos, sin, k_all, v_all, start: M._window_layer(
+        lp, 1e-6, h, cos, sin, k_all, v_all, (0, jnp.int32(1)), start, None, kernel=True,
+        counts=jnp.zeros((2, 1, n_kv), jnp.int32))
+    found["counting"] = report(counting_layer, lp, spec(rows, hidden), spec(rows, d_h),
+                               spec(rows, d_h), cache, cache, scalar)
     json.dump(found, sys.stdout)
 """
 
@@ -249,3 +293,7 @@ def test_kernels_compile_for_a_gpu_without_one():
     # the heads' norms (no kernel of their own), and (one request, 2 KV heads) the kernel
     # combining its prefix's parts; then the three products of the output and the MLP.
     assert found["layer"]["triton"] == 6
+    # Given the counts, the attention kernel's last part combines the parts: 5 Triton kernels.
+    # (Its zeros are a kernel here, made once a layer group in run_window_stack.)
+    assert found["counting"]["triton"] == 5
+    assert found["counting"]["kernels"] == found["layer"]["kernels"]
