@@ -141,18 +141,26 @@ def test_the_model_wires_the_kernels_as_its_xla_form(monkeypatch):
     _assert_close(got, want, 2.0 ** -5)
 
 
+def _one_request_layer(*, seed: int, slots: int, position: int):
+    """A bf16 window layer's weights, one request's 32 window rows ``h`` from ``position`` on
+    with their RoPE tables, and a cache of 3 layers x 2 depths x ``slots``: ``(lp, h, cos, sin,
+    k_all, v_all)``."""
+    rng = np.random.default_rng(seed)
+    rows, hidden, n_q, n_kv, d_h, inner = 32, 256, 4, 2, 64, 512
+    lp = _layer(rng, jnp.bfloat16, hidden, n_q, n_kv, d_h, inner)
+    h = _draw(rng, jnp.bfloat16, rows, hidden, scale=2.0)
+    cos, sin = M.rope_tables(jnp.arange(rows) + position, d_h, 1e6, jnp.bfloat16)
+    k_all, v_all = (_draw(rng, jnp.bfloat16, 3, 2, slots, n_kv, d_h) for _ in range(2))
+    return lp, h, cos, sin, k_all, v_all
+
+
 def test_the_window_layer_hands_the_products_to_the_attention_kernel(monkeypatch):
     """A single request's window layer as the model runs it on an NVIDIA GPU (bf16, 32 rows:
     ``platform_dependent``'s cuda branch, the kernels in the interpreter): the q/k/v product
     kernel's output goes to the attention kernel as it is, which applies the heads' norms and
     RoPE (no :func:`~alodlm_jax.head_norm_kernel.norm_rope` call); the layer's output and the
     window's K/V are the XLA form's to a bf16 step or two, the values the product's own."""
-    rng = np.random.default_rng(3)
-    rows, hidden, n_q, n_kv, d_h, inner, slots = 32, 256, 4, 2, 64, 512, 128
-    lp = _layer(rng, jnp.bfloat16, hidden, n_q, n_kv, d_h, inner)
-    h = _draw(rng, jnp.bfloat16, rows, hidden, scale=2.0)
-    cos, sin = M.rope_tables(jnp.arange(rows) + 100, d_h, 1e6, jnp.bfloat16)
-    k_all, v_all = (_draw(rng, jnp.bfloat16, 3, 2, slots, n_kv, d_h) for _ in range(2))
+    lp, h, cos, sin, k_all, v_all = _one_request_layer(seed=3, slots=128, position=100)
     index, start = (jnp.int32(1), jnp.int32(2)), jnp.int32(70)
     *want, no_counts = M._window_layer(lp, EPS, h, cos, sin, k_all, v_all, index, start, None)
     calls = _on_cuda_interpreted(monkeypatch)
@@ -170,14 +178,9 @@ def test_one_request_combines_its_parts_in_the_attention_kernel(monkeypatch):
     second kernel (no counts, or COMBINE_IN_ATTENTION off), and the counts hold the parts used
     at the layer's KV heads, zeros elsewhere."""
     monkeypatch.setattr(WK, "GPU_RUN_BLOCKS", 1)  # a part of each 64-slot tile: 5 parts
-    rng = np.random.default_rng(5)
-    rows, hidden, n_q, n_kv, d_h, inner, slots = 32, 256, 4, 2, 64, 512, 512
-    lp = _layer(rng, jnp.bfloat16, hidden, n_q, n_kv, d_h, inner)
-    h = _draw(rng, jnp.bfloat16, rows, hidden, scale=2.0)
-    cos, sin = M.rope_tables(jnp.arange(rows) + 300, d_h, 1e6, jnp.bfloat16)
-    k_all, v_all = (_draw(rng, jnp.bfloat16, 3, 2, slots, n_kv, d_h) for _ in range(2))
+    lp, h, cos, sin, k_all, v_all = _one_request_layer(seed=5, slots=512, position=300)
     index, start = (jnp.int32(2), jnp.int32(1)), jnp.int32(300)
-    zeros = jnp.zeros((3, 1, n_kv), jnp.int32)
+    zeros = jnp.zeros((3, 1, k_all.shape[-2]), jnp.int32)
     calls = _on_cuda_interpreted(monkeypatch)
     run = functools.partial(M._window_layer, lp, EPS, h, cos, sin, k_all, v_all, index, start,
                             None, kernel=True)
