@@ -342,7 +342,8 @@ def run_stack(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Array,
     slots, so nothing is copied per pass. ``depth=None`` addresses ``[L, T_max, ...]`` buffers, an
     int32 ``depth`` addresses ``[L, K, T_max, ...]`` buffers at that depth. An empty group is the
     identity. A stacked group runs as one ``lax.scan`` (one compiled layer body), a tuple as a
-    Python loop (see :func:`unstack_layers`); the arithmetic is the same.
+    Python loop traced once (see :func:`unstack_layers`, :func:`_traced_once`); the arithmetic is
+    the same.
 
     Attention length: the layers attend over the smallest of :func:`kv_buckets` (powers of two
     from 64, then the whole buffer) that holds ``kv_limit`` slots (traced; default ``start + T``,
@@ -372,8 +373,9 @@ def run_stack(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Array,
         return _layer(lp, eps, h, cos, sin, k_all, v_all, index, start, kv_len, kv_bucket)
 
     if isinstance(stack, (list, tuple)):
+        call = _traced_once(layer)
         for i, lp in enumerate(stack):
-            h, k_all, v_all = layer(lp, i, h, k_all, v_all)
+            h, k_all, v_all = call(lp, i, h, k_all, v_all)
         return h, k_all, v_all
 
     def body(carry, xs):
@@ -547,14 +549,31 @@ def run_window_stack(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Arr
     return h, k, v
 
 
+def _traced_once(layer):
+    """``layer(lp, i, ...)`` for a Python loop over per-layer dicts, traced once for the whole
+    loop: one ``jax.jit(layer, inline=True)``, called per layer with ``i`` as an int32 operand,
+    whose jaxpr is inlined at each call. So JAX lowers what a loop tracing every layer gave, the
+    layer's operations once per layer (the same optimized programs), while the Python that traces
+    a layer and its Pallas kernels, for every platform, runs once instead of per layer: 10 of the
+    14.7 s that the 1.7B's batch-8 program for an H200 took to compile (``docs/plan.md``,
+    "Compile time"). ``layer`` may close over the caller's tracers: the jit is made per loop."""
+    jitted = jax.jit(layer, inline=True)
+
+    def call(lp, i, *args):
+        return jitted(lp, jnp.int32(i), *args)
+
+    return call
+
+
 def _layer_loop(stack, layer, h, kv_axis: int = 0):
     """``layer(lp, i, h) -> (h, k, v)`` over a group in order (a Python loop over a tuple of
-    per-layer dicts, one ``lax.scan`` over a stacked dict); the layers' ``k``/``v`` stacked on
-    ``kv_axis``."""
+    per-layer dicts, :func:`_traced_once`; one ``lax.scan`` over a stacked dict); the layers'
+    ``k``/``v`` stacked on ``kv_axis``."""
     if isinstance(stack, (list, tuple)):
         ks, vs = [], []
+        call = _traced_once(layer)
         for i, lp in enumerate(stack):
-            h, k, v = layer(lp, i, h)
+            h, k, v = call(lp, i, h)
             ks.append(k)
             vs.append(v)
         return h, jnp.stack(ks, axis=kv_axis), jnp.stack(vs, axis=kv_axis)

@@ -1,6 +1,7 @@
 """The pass's fast paths change how the work is laid out, never what it computes.
 
-* per-layer weights (``unstack_layers``) against the stacked ``lax.scan`` form;
+* per-layer weights (``unstack_layers``) against the stacked ``lax.scan`` form, and their loop
+  traced once for all layers against each layer traced with its own index;
 * attention over a power-of-two bucket of the cache against attention over the whole buffer;
 * the batched cache write (``write_slots`` under ``vmap``) against per-request writes, and its
   lowering (no whole-buffer ``scatter``).
@@ -30,6 +31,96 @@ def test_per_layer_params_compute_the_stacked_forward(tiny):
     logits_p, hazards_p = fwd(per_layer, tiny.cfg, jnp.asarray(IDS))
     np.testing.assert_allclose(np.asarray(logits_p), np.asarray(logits_s), atol=2e-6, rtol=0)
     np.testing.assert_allclose(np.asarray(hazards_p), np.asarray(hazards_s), atol=2e-7, rtol=0)
+
+
+def _traces(monkeypatch, name: str) -> list:
+    """Records each trace of ``model.<name>`` (one entry per call while tracing)."""
+    calls = []
+    inner = getattr(model, name)
+
+    def counted(*args, **kwargs):
+        calls.append(name)
+        return inner(*args, **kwargs)
+
+    monkeypatch.setattr(model, name, counted)
+    return calls
+
+
+def _layer_programs(params, cfg, start: int):
+    """Each layer group's full pass (``run_stack``, writing the cache) and window pass
+    (``run_window_stack``, returning the window's K/V), the core at depth 1, in one program."""
+    cache = model.init_cache(cfg, 64, params["embed"].dtype)
+    rng = np.random.default_rng(3)
+    filled = {name: jnp.asarray(rng.standard_normal(x.shape), x.dtype)
+              for name, x in vars(cache).items()}
+    cache = cache.replace(**filled)
+    h = model.embed(params, jnp.asarray(IDS[:8]))
+    pos = jnp.arange(start, start + 8, dtype=jnp.int32)
+
+    def passes(params, h, pos, cache, start):  # a new function each call: traced anew
+        depth = (jnp.int32(1),)
+        return [run(params, cfg, h, pos, cache, start, *at)
+                for run, at in ((model.prelude, ()), (model.core_pass, depth), (model.readout, ()),
+                                (model.prelude_window, ()), (model.core_window, depth),
+                                (model.readout_window, ()))]
+
+    return jax.tree.leaves(jax.jit(passes)(params, h, pos, cache, jnp.int32(start)))
+
+
+def test_per_layer_loop_is_traced_once_and_computes_each_layer_traced(monkeypatch):
+    """A tuple of per-layer weights is traced once for the whole loop (``_traced_once``: one jit
+    of the layer, its index an operand, its jaxpr inlined at each call), where a loop tracing
+    every layer traced it per layer; the values are those of each layer traced with its Python
+    index, to the bit (the 8B's tiny shape: 2 layers in each of its three groups; bf16, whose
+    roundings XLA:CPU places differently where a layer is a call it inlines late)."""
+    from alodlm_jax.testing.released_shapes import model_config, random_params
+
+    cfg = model_config("8b", tiny=True)
+    params = random_params(cfg, jnp.bfloat16, seed=1)
+    sizes = [len(params[group]) for group in ("prelude", "core", "coda")]
+    groups, layers = sum(1 for n in sizes if n), sum(sizes)
+    assert layers > groups
+    full, window = _traces(monkeypatch, "_layer"), _traces(monkeypatch, "_window_layer")
+    once = _layer_programs(params, cfg, start=20)
+    assert (len(full), len(window)) == (groups, groups)
+    monkeypatch.setattr(model, "_traced_once", lambda layer: layer)
+    each = _layer_programs(params, cfg, start=20)
+    assert (len(full), len(window)) == (groups + layers, groups + layers)
+    for got, expected in zip(once, each, strict=True):
+        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(expected, np.float32))
+
+
+def test_batch_rows_trace_the_layer_once(monkeypatch):
+    """The batch step's layers (several requests' rows, XLA's attention in row buckets on a CPU)
+    are traced once too, and compute what each layer traced with its index computes."""
+    from alodlm_jax import rows as R
+    from alodlm_jax.testing.released_shapes import model_config, random_params
+
+    cfg = model_config("1.7b", tiny=True)
+    params = random_params(cfg, jnp.float32, seed=1)
+    assert len(params["core"]) > 1
+    traced = _traces(monkeypatch, "_window_layer_rows")
+    batch, rows = 2, 8
+    one = model.init_cache(cfg, 64, jnp.float32)
+    rng = np.random.default_rng(4)
+    k_all, v_all = (jnp.asarray(rng.standard_normal((batch,) + x.shape).astype(np.float32))
+                    for x in (one.core_k, one.core_v))
+    m = R.row_map(jnp.array([rows, 5], jnp.int32), 2 * rows)
+    h = jnp.asarray(rng.standard_normal((2 * rows, cfg.hidden_size)).astype(np.float32))
+    positions = jnp.concatenate([jnp.arange(16, 24), jnp.arange(8, 16)]).astype(jnp.int32)
+
+    def step():  # a new function each call: traced anew
+        return jax.jit(lambda h: model.run_window_rows(
+            params["core"], cfg, h, positions, m, k_all, v_all, jnp.array([16, 8], jnp.int32),
+            jnp.array([1, 2], jnp.int32), prefix_limit=jnp.int32(24), rows=rows))(h)
+
+    once = jax.tree.leaves(step())
+    assert len(traced) == 1
+    monkeypatch.setattr(model, "_traced_once", lambda layer: layer)
+    each = jax.tree.leaves(step())
+    assert len(traced) == 1 + len(params["core"])
+    for got, expected in zip(once, each, strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
 
 
 def test_kv_buckets():
