@@ -6,7 +6,8 @@
 # them, and prints tokens/s, ms per recurrent pass, compile seconds, and the per-pass time against
 # the HBM roofline (bytes of the weights one pass reads / 4.8 TB/s); then the batch sweep: the
 # compiled engine with continuous batching at each --batches size on the same prompts, suite
-# tokens/s against one request at a time, and XLA's cost analysis of one batch step (bytes moved
+# tokens/s against one request at a time, the seconds of its first run (the batch and admit
+# programs compiled, the first prompts admitted and decoded), and XLA's cost analysis of one batch step (bytes moved
 # / 4.8 TB/s: the step time the bandwidth allows) beside the measured time per step, and the
 # plan's prediction for the same batch program (alodlm-jax-plan's figures for this device: compile
 # seconds, device memory, bytes, FLOPs and kernels per step, the kernels launched outside command
@@ -121,7 +122,9 @@ def batch_sweep(cfg, params, batches, args) -> bool:
     same_all = True
     for b, graphs in [(b, g) for b in batches for g in ((False, True) if args.graphs else (False,))]:
         engine = CompiledEngine(cfg, params, decode, [], batch_size=b, graphs=graphs)
-        engine.generate_batch(prompts[:b])  # compiles, warms
+        t0 = time.perf_counter()
+        engine.generate_batch(prompts[:b])  # the first run: compiles (batch, admit), admits, decodes
+        first = time.perf_counter() - t0
         t0 = time.perf_counter()
         outs = engine.generate_batch(prompts)
         wall = time.perf_counter() - t0
@@ -133,7 +136,8 @@ def batch_sweep(cfg, params, batches, args) -> bool:
         if graphs:  # the same program as the defaults' just measured: its tokens
             same = [o.token_ids for o in outs] == defaults
             print(f"  batch {b:>3} graphs: {tokens / wall:9.1f} tok/s  {ms_step:7.3f} ms/step "
-                  f"({steps} steps); same tokens as XLA's defaults: {same}", flush=True)
+                  f"({steps} steps); same tokens as XLA's defaults: {same}; first run {first:.1f} s "
+                  f"(compiles included)", flush=True)
             same_all &= same
             print_plan(cfg, params, decode, args, b, "batch", measured_ms=ms_step,
                        measured_compile=engine.compile_seconds, command_buffers="graphs")
@@ -147,8 +151,8 @@ def batch_sweep(cfg, params, batches, args) -> bool:
               f"time)  {ms_step:7.3f} ms/step ({steps} steps); XLA step: "
               f"{cost['bytes_moved'] / 1e9:.3f} GB moved (floor {cost['floor_bytes'] / 1e9:.3f}, "
               f"x{cost['moved_over_floor']:.2f}) -> {floor_ms:.3f} ms at 4.8 TB/s; "
-              f"{cost['flops'] / 1e9:.0f} GFLOP; same tokens: {same}; shapes {engine.shapes}",
-              flush=True)
+              f"{cost['flops'] / 1e9:.0f} GFLOP; same tokens: {same}; shapes {engine.shapes}; "
+              f"first run {first:.1f} s (compiles included)", flush=True)
         print_plan(cfg, params, decode, args, b, "batch", measured_ms=ms_step,
                    measured_compile=engine.compile_seconds)
     return same_all

@@ -31,6 +31,9 @@ def test_gpu_check_tiny_runs_on_cpu():
     # The batch sweep: both sizes on both shapes, each with XLA's step analysis and equal tokens.
     assert done.stdout.count("same tokens: True") == 4
     assert done.stdout.count("\n  batch   3:") == 2 and "GB moved (floor" in done.stdout
+    # Each batch engine's first run (its programs compiled, its prompts admitted and decoded),
+    # timed: XLA's defaults and graphs, both sizes, both shapes.
+    assert done.stdout.count("s (compiles included)") == 8
     # The plan of each program measured beside it (the single-request program and both batch
     # sizes, both shapes): the predicted step against the measured one, planned memory, the
     # measured peak, the allocator's limit.
