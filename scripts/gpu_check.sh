@@ -6,12 +6,12 @@
 # them, and prints tokens/s, ms per recurrent pass, compile seconds, and the per-pass time against
 # the HBM roofline (bytes of the weights one pass reads / 4.8 TB/s); then the batch sweep: the
 # compiled engine with continuous batching at each --batches size on the same prompts, suite
-# tokens/s against one request at a time, the seconds of its first run (the batch and admit
-# programs compiled, the first prompts admitted and decoded), and XLA's cost analysis of one batch step (bytes moved
-# / 4.8 TB/s: the step time the bandwidth allows) beside the measured time per step, and the
-# plan's prediction for the same batch program (alodlm-jax-plan's figures for this device: compile
-# seconds, device memory, bytes, FLOPs and kernels per step, the kernels launched outside command
-# buffers, its predicted ms/step; block "PLAN" below) beside the measured ms/step (the batch
+# tokens/s against one request at a time, the seconds of its first run (the batch and admit programs
+# compiled, the first prompts admitted and decoded), and XLA's cost analysis of one batch step
+# (bytes moved / 4.8 TB/s: the step time the bandwidth allows) beside the measured time per step,
+# and the plan's prediction for the same batch program (alodlm-jax-plan's figures for this device:
+# compile seconds, device memory, bytes, FLOPs and kernels per step, the kernels launched outside
+# command buffers, its predicted ms/step; block "PLAN" below) beside the measured ms/step (the batch
 # program's run time over its own count of steps; the single-request program's time per pass),
 # so one run recalibrates the plan (alodlm_jax/plan/launches.py: TIME_MODEL). On a GPU the compiled engine runs the accelerators' fixed
 # shapes (one row shape, attention over the whole cache: alodlm_jax/rows.py), and on one GPU
