@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 
 from alodlm_jax import model
+from alodlm_jax import rows as R
 from alodlm_jax.params import to_device
+from alodlm_jax.testing.released_shapes import model_config, random_params
 
 IDS = np.array([1, 4, 7, 8, 9, 12, 2, 5, 9, 10, 11, 30, 41, 52, 63, 13], np.int32)
 
@@ -71,10 +73,8 @@ def test_per_layer_loop_is_traced_once_and_computes_each_layer_traced(monkeypatc
     """A tuple of per-layer weights is traced once for the whole loop (``_traced_once``: one jit
     of the layer, its index an operand, its jaxpr inlined at each call), where a loop tracing
     every layer traced it per layer; the values are those of each layer traced with its Python
-    index, to the bit (the 8B's tiny shape: 2 layers in each of its three groups; bf16, whose
-    roundings XLA:CPU places differently where a layer is a call it inlines late)."""
-    from alodlm_jax.testing.released_shapes import model_config, random_params
-
+    index, to the bit (the 8B's tiny shape: 2 layers in each of its three groups; bf16, where
+    XLA:CPU rounded elsewhere when each layer was a call rather than inlined)."""
     cfg = model_config("8b", tiny=True)
     params = random_params(cfg, jnp.bfloat16, seed=1)
     sizes = [len(params[group]) for group in ("prelude", "core", "coda")]
@@ -93,9 +93,6 @@ def test_per_layer_loop_is_traced_once_and_computes_each_layer_traced(monkeypatc
 def test_batch_rows_trace_the_layer_once(monkeypatch):
     """The batch step's layers (several requests' rows, XLA's attention in row buckets on a CPU)
     are traced once too, and compute what each layer traced with its index computes."""
-    from alodlm_jax import rows as R
-    from alodlm_jax.testing.released_shapes import model_config, random_params
-
     cfg = model_config("1.7b", tiny=True)
     params = random_params(cfg, jnp.float32, seed=1)
     assert len(params["core"]) > 1
