@@ -4,20 +4,22 @@
 # Builds random bf16 checkpoints with the released models' shapes directly as JAX params on the
 # device (no torch, no files, nothing downloaded), runs the portable and the compiled engine on
 # them, and prints tokens/s, ms per recurrent pass, compile seconds, and the per-pass time against
-# the HBM roofline (bytes of the weights one pass reads / 4.8 TB/s); then the batch sweep: the
-# compiled engine with continuous batching at each --batches size on the same prompts, suite
-# tokens/s against one request at a time, the seconds of its first run (the batch and admit programs
-# compiled, the first prompts admitted and decoded), and XLA's cost analysis of one batch step
-# (bytes moved / 4.8 TB/s: the step time the bandwidth allows) beside the measured time per step,
+# the HBM roofline (bytes of the weights one pass reads at the device's bandwidth: the plan's
+# target of its kind, alodlm_jax/data/targets, else the H200's 4.8 TB/s); then the batch sweep:
+# the compiled engine with continuous batching at each --batches size on the same prompts, suite
+# tokens/s against one request at a time, the seconds of its first run (the batch and admit
+# programs compiled, the first prompts admitted and decoded), and XLA's cost analysis of one batch
+# step (bytes moved at the bandwidth: the step time it allows) beside the measured time per step,
 # and the plan's prediction for the same batch program (alodlm-jax-plan's figures for this device:
 # compile seconds, device memory, bytes, FLOPs and kernels per step, the kernels launched outside
-# command buffers, its predicted ms/step; block "PLAN" below) beside the measured ms/step (the batch
-# program's run time over its own count of steps; the single-request program's time per pass),
-# so one run recalibrates the plan (alodlm_jax/plan/launches.py: TIME_MODEL). On a GPU the compiled engine runs the accelerators' fixed
-# shapes (one row shape, attention over the whole cache: alodlm_jax/rows.py), and on one GPU
-# every pass attends in the Triton kernel (alodlm_jax/window_kernel.py; "shapes fixed-kernel"),
-# as evaluate does. In bf16 a batch's products run over more rows (other tiles, other sums) than
-# one request's, so "same tokens" may read False at a near tie; in fp32 it is expected True.
+# command buffers, its predicted ms/step; block "PLAN" below) beside the measured ms/step (the
+# batch program's run time over its own count of steps; the single-request program's time per
+# pass), so one run recalibrates the plan (alodlm_jax/plan/launches.py: TIME_MODEL). On a GPU the
+# compiled engine runs the accelerators' fixed shapes (one row shape, attention over the whole
+# cache: alodlm_jax/rows.py), and on one GPU every pass attends in the Triton kernel
+# (alodlm_jax/window_kernel.py; "shapes fixed-kernel"), as evaluate does. In bf16 a batch's
+# products run over more rows (other tiles, other sums) than one request's, so "same tokens" may
+# read False at a near tie; in fp32 it is expected True.
 #
 #   1.7B-shaped: 28 layers, loop [0,28), H 2048, I 6144, 16/8 heads x 128, vocab 151936
 #   8B-shaped:   36 layers, loop [10,26), H 4096, I 12288, 32/8 heads x 128, vocab 151936
@@ -26,7 +28,14 @@
 #                                  [--graphs] [--no_attention] [--xla_products] [--separate_norms]
 #                                  [--separate_combine]
 #                                  [--layouts | --layouts_only]
+#         bash scripts/gpu_check.sh --goals [--budget_s 360] [--json goals.json] [--models ...]
 #         bash scripts/gpu_check.sh --parity [gpu_parity.py's options]
+#   --goals    only the decode-speed goals of docs/plan.md, in one run that starts nothing after
+#              --budget_s seconds (block GOALS below: what it runs, in which order): a 256-token
+#              prompt and 128 new by default, batch 1 against the HBM roofline, batches 8 and 32
+#              (first run, step against the floors, tokens/s against one at a time), each
+#              measured step against the plan's prediction, the combined attention's ordering,
+#              and graphs; a verdict a goal at the end ("GOALS"), and in --json.
 #   --parity   only the fp32 parity check against the CPU (scripts/gpu_parity.py: several small
 #              topologies, one request at a time and batches 8 and 32; exit status 1 on any
 #              difference); the other options are gpu_parity.py's.
@@ -90,7 +99,21 @@ from alodlm_jax.decode.compiled import CompiledEngine
 from alodlm_jax.decode.portable import PortableEngine
 from alodlm_jax.testing.released_shapes import model_config, random_params
 
-HBM_BYTES_PER_SECOND = 4.8e12  # H200
+
+@functools.cache
+def device_rates():
+    """The plan's target (alodlm_jax/data/targets) whose memory bandwidth and dense bf16 matrix
+    rate this script measures against: the attached GPU's kind where the plan describes it (A100,
+    H100, H200, B200), else the H200's (a CPU's --tiny run)."""
+    from alodlm_jax.plan.targets import load_target
+
+    kind = jax.devices()[0].device_kind.upper()
+    return load_target(next((n for n in ("h200", "h100", "b200", "a100") if n.upper() in kind),
+                            "h200"))
+
+
+def tb_per_s() -> str:
+    return f"{device_rates().bandwidth_bytes_per_second / 1e12:.2f} TB/s ({device_rates().name})"
 
 
 def pass_bytes(params) -> int:
@@ -100,15 +123,32 @@ def pass_bytes(params) -> int:
     return int(sum(x.size * x.dtype.itemsize for x in leaves))
 
 
-def ms_per_pass(out) -> float:
-    """A single request's decode time per recurrent pass, its prefill left out (ms)."""
-    return 1e3 * (out.wall_seconds - out.prefill_seconds) / max(out.recurrent_passes, 1)
+def ms_per_pass(*outs) -> float:
+    """Single requests' decode time per recurrent pass, their prefills left out (ms)."""
+    return (1e3 * sum(o.wall_seconds - o.prefill_seconds for o in outs)
+            / max(sum(o.recurrent_passes for o in outs), 1))
+
+
+def run_batch(cfg, params, decode, prompts, batch, graphs):
+    """A batch engine's first run (its batch and admit programs compiled, ``batch`` prompts
+    admitted and decoded; seconds) and then ``prompts`` decoded with continuous batching:
+    (engine, outputs, wall seconds, first-run seconds, ms per batch step, steps), the steps and
+    their seconds the engine's own count of its batch program's runs."""
+    engine = CompiledEngine(cfg, params, decode, [], batch_size=batch, graphs=graphs)
+    t0 = time.perf_counter()
+    engine.generate_batch(prompts[:batch])
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    outs = engine.generate_batch(prompts)
+    wall = time.perf_counter() - t0
+    steps = engine.last_batch_steps
+    return engine, outs, wall, first, 1e3 * engine.last_batch_seconds / max(steps, 1), steps
 
 
 def batch_sweep(cfg, params, batches, args) -> bool:
     """Suite tokens/s of continuous batching at each batch size against one request at a time
     (the same 2 * max(batches) prompts, entropy mode), and per step: measured ms against XLA's
-    cost analysis of one step on this backend (bytes moved / 4.8 TB/s)."""
+    cost analysis of one step on this backend (bytes moved at the device's bandwidth)."""
     rng = np.random.default_rng(2)
     prompts = [rng.integers(0, cfg.mask_token_id, size=args.prompt_tokens).tolist()
                for _ in range(2 * max(batches))]
@@ -121,17 +161,9 @@ def batch_sweep(cfg, params, batches, args) -> bool:
     print(f"  batch sweep ({len(prompts)} prompts): one at a time {base:9.1f} tok/s", flush=True)
     same_all = True
     for b, graphs in [(b, g) for b in batches for g in ((False, True) if args.graphs else (False,))]:
-        engine = CompiledEngine(cfg, params, decode, [], batch_size=b, graphs=graphs)
-        t0 = time.perf_counter()
-        engine.generate_batch(prompts[:b])  # the first run: compiles (batch, admit), admits, decodes
-        first = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        outs = engine.generate_batch(prompts)
-        wall = time.perf_counter() - t0
+        engine, outs, wall, first, ms_step, steps = run_batch(cfg, params, decode, prompts, b,
+                                                               graphs)
         tokens = sum(len(o.token_ids) for o in outs)
-        # The engine's own count of the batch program's steps and the seconds its runs took.
-        steps, run_seconds = engine.last_batch_steps, engine.last_batch_seconds
-        ms_step = 1e3 * run_seconds / max(steps, 1)
         same = all(a.token_ids == o.token_ids for a, o in zip(alone, outs))
         if graphs:  # the same program as the defaults' just measured: its tokens
             same = [o.token_ids for o in outs] == defaults
@@ -146,11 +178,11 @@ def batch_sweep(cfg, params, batches, args) -> bool:
         same_all &= same
         cost = step_analysis(cfg, params, engine.bucket_for(args.prompt_tokens, batch=b),
                              shapes=engine.shapes)
-        floor_ms = 1e3 * cost["bytes_moved"] / HBM_BYTES_PER_SECOND
+        floor_ms = 1e3 * cost["bytes_moved"] / device_rates().bandwidth_bytes_per_second
         print(f"  batch {b:>3}: {tokens / wall:9.1f} tok/s (x{tokens / wall / base:5.2f} one at a "
               f"time)  {ms_step:7.3f} ms/step ({steps} steps); XLA step: "
               f"{cost['bytes_moved'] / 1e9:.3f} GB moved (floor {cost['floor_bytes'] / 1e9:.3f}, "
-              f"x{cost['moved_over_floor']:.2f}) -> {floor_ms:.3f} ms at 4.8 TB/s; "
+              f"x{cost['moved_over_floor']:.2f}) -> {floor_ms:.3f} ms at {tb_per_s()}; "
               f"{cost['flops'] / 1e9:.0f} GFLOP; same tokens: {same}; shapes {engine.shapes}; "
               f"first run {first:.1f} s (compiles included)", flush=True)
         print_plan(cfg, params, decode, args, b, "batch", measured_ms=ms_step,
@@ -162,12 +194,22 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--models", default="1.7b,8b")
+    parser.add_argument("--goals", action="store_true",
+                        help="only the decode-speed goals, in one run bounded by --budget_s "
+                             "(block GOALS below)")
+    parser.add_argument("--budget_s", type=float, default=360,
+                        help="--goals: start no item after this many seconds")
+    parser.add_argument("--single_prompts", type=int, default=4,
+                        help="--goals: prompts timed one at a time for ms per pass")
+    parser.add_argument("--json", help="--goals: also write the verdicts to this file")
     parser.add_argument("--max_new_tokens", type=int, default=128)
     parser.add_argument("--window_size", type=int, default=16)
-    parser.add_argument("--prompt_tokens", type=int, default=64)
+    parser.add_argument("--prompt_tokens", type=int,
+                        help="prompt length (default 64; --goals: 256)")
     parser.add_argument("--head_scale", type=float, default=8.0)
-    parser.add_argument("--batches", default="1,8,32",
-                        help="batch sizes of the continuous-batching sweep ('' to skip it)")
+    parser.add_argument("--batches",
+                        help="batch sizes of the continuous-batching sweep ('' to skip it; "
+                             "default 1,8,32; --goals: 8,32)")
     parser.add_argument("--graphs", action="store_true",
                         help="also loops and branches in command buffers (CUDA graphs)")
     parser.add_argument("--no_attention", action="store_true",
@@ -185,6 +227,12 @@ def main() -> int:
     parser.add_argument("--layout_batch", type=int, default=8)
     parser.add_argument("--layout_prompts", type=int, default=16)
     args = parser.parse_args()
+    if args.prompt_tokens is None:
+        args.prompt_tokens = 256 if args.goals else 64
+    if args.batches is None:
+        args.batches = "8,32" if args.goals else "1,8,32"
+    if args.goals and not [b for b in args.batches.split(",") if b]:
+        parser.error("--goals needs at least one batch size in --batches")
     if args.xla_products:
         from alodlm_jax import matmul_kernel
 
@@ -206,6 +254,10 @@ def main() -> int:
           flush=True)
     if dev.platform != "gpu" and not args.tiny:
         print("warning: no GPU visible; the full shapes will be slow here (use --tiny)", flush=True)
+    if args.goals:
+        ok = goals(args)
+        print("\nGPU_CHECK_DONE", "ok" if ok else "a goal's check failed (see GOALS)")
+        return 0
     dtype = jnp.bfloat16
     ok = True
     for name in [m for m in args.models.split(",") if m and not args.layouts_only]:
@@ -217,10 +269,11 @@ def main() -> int:
         jax.block_until_ready(params)
         weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(params))
         per_pass = pass_bytes(params)
-        roofline_ms = 1e3 * per_pass / HBM_BYTES_PER_SECOND
+        roofline_ms = 1e3 * per_pass / device_rates().bandwidth_bytes_per_second
         print(f"\n== {name}-shaped ({'tiny' if args.tiny else 'full'}): {weight_bytes / 1e9:.2f} GB "
               f"of bf16 weights built in {time.perf_counter() - t0:.1f} s; one pass reads "
-              f"{per_pass / 1e9:.3f} GB -> HBM roofline {roofline_ms:.3f} ms/pass", flush=True)
+              f"{per_pass / 1e9:.3f} GB -> HBM roofline {roofline_ms:.3f} ms/pass at {tb_per_s()}",
+              flush=True)
         if not args.no_attention:
             attention_check(cfg, args)
             head_norm_check(cfg, args)
@@ -277,6 +330,196 @@ def main() -> int:
         ok &= check_layouts(args, dtype)
     print("\nGPU_CHECK_DONE", "ok" if ok else "token mismatch (bf16: see the spec's §8 note)")
     return 0
+
+
+# ---- GOALS (the decode-speed goals of docs/plan.md in one bounded run) -----------------------
+def goals(args) -> bool:
+    """The decode-speed goals (docs/plan.md, "Launches and the predicted step": against the
+    goals) measured in one run that stops starting work once --budget_s seconds are spent, its
+    items in order of what they settle:
+
+      1. per model (1.7B first): the attention kernel's last part combining a split prefix's
+         parts against a second kernel, 100 calls at two prefixes (goal: no call differs; a
+         part read before its program wrote it would make one differ);
+      2. its single-request program (XLA's defaults), --single_prompts prompts: ms per pass
+         against 1.3x the HBM roofline (goal), and against the plan's prediction (within 1.3x);
+      3. the 1.7B: the --batches prompts one at a time, then each batch size on them: the first
+         run's seconds (goal 15), ms per step against the plan's (within 1.3x), the largest
+         batch's step against 1.5x max(floor bytes, FLOPs) at the device's rates (goal) and its
+         suite tokens/s against one at a time (goal 20x), requests whose tokens equal one at a
+         time's (bf16: a near tie may differ; fp32 identity is gpu_parity's);
+      4. the 8B: the largest batch alone (no one-at-a-time run);
+      5. with loops and branches in command buffers (graphs): the 1.7B's single-request program
+         and largest batch (same tokens as XLA's defaults expected);
+      6. the 8B's one-at-a-time run and its other batch sizes.
+
+    Every line is flushed as it is measured, so a run cut short keeps what it measured; the
+    verdicts are printed at the end ("GOALS") and written to --json. True where no call of the
+    combined attention differed and graphs gave the defaults' tokens."""
+    import json
+    from types import SimpleNamespace
+
+    on_gpu = jax.devices()[0].platform == "gpu"
+    rates = device_rates()
+    batches = [int(b) for b in args.batches.split(",") if b]
+    models = [m for m in args.models.split(",") if m]
+    began, verdicts, ok = time.perf_counter(), [], True
+    setups = {}
+
+    def verdict(goal, model, measured, limit, met):
+        verdicts.append({"goal": goal, "model": model, "measured": measured, "limit": limit,
+                         "met": met})
+
+    def setup(name):
+        if name not in setups:
+            cfg = model_config(name, tiny=args.tiny)
+            params = random_params(cfg, jnp.bfloat16, seed=0, head_scale=args.head_scale)
+            rng = np.random.default_rng(2)
+            prompts = [rng.integers(0, cfg.mask_token_id, size=args.prompt_tokens).tolist()
+                       for _ in range(max(batches + [args.single_prompts]))]
+            decode = DecodeConfig(q=0.5, tau=0.4, window_size=args.window_size,
+                                  max_new_tokens=args.max_new_tokens, mode="entropy")
+            roofline = 1e3 * pass_bytes(params) / rates.bandwidth_bytes_per_second
+            print(f"\n== {name}-shaped ({'tiny' if args.tiny else 'full'}); one pass reads "
+                  f"{pass_bytes(params) / 1e9:.3f} GB -> HBM roofline {roofline:.3f} ms/pass at "
+                  f"{tb_per_s()}", flush=True)
+            setups[name] = SimpleNamespace(cfg=cfg, params=params, prompts=prompts, decode=decode,
+                                           roofline_ms=roofline, single=None, alone=None,
+                                           defaults={})
+        return setups[name]
+
+    def plan_verdicts(name, program, measured_ms, plan):
+        predicted, outside = plan["predicted_step_seconds"], plan["kernels_outside_command_buffers"]
+        if predicted:
+            ratio = measured_ms / (1e3 * predicted)
+            verdict(f"{program}: measured / predicted ms per step", name, round(ratio, 3),
+                    "1/1.3 to 1.3", 1 / 1.3 <= ratio <= 1.3)
+        if outside is not None:
+            verdict(f"{program}: kernels launched outside command buffers per step (plan)", name,
+                    outside, 50, outside <= 50)
+
+    def combined(name):
+        nonlocal ok
+        s = setup(name)
+        got = combined_attention_check(s.cfg, args, *window_heads(s.cfg, args,
+                                                                  2 * args.window_size), on_gpu)
+        if got is not None:
+            verdict("combined attention: calls that differ", name, got[0], f"0 of {got[1]}",
+                    got[0] == 0)
+            ok &= got[0] == 0
+
+    def single(name, graphs=False):
+        nonlocal ok
+        s = setup(name)
+        engine = CompiledEngine(s.cfg, s.params, s.decode, [], graphs=graphs)
+        engine.generate(s.prompts[0])  # compiles
+        outs = [engine.generate(p) for p in s.prompts[:args.single_prompts]]
+        ms = ms_per_pass(*outs)
+        label = "graphs" if graphs else "XLA's defaults"
+        same = ""
+        if graphs and s.single is not None:
+            equal = [o.token_ids for o in outs] == [o.token_ids for o in s.alone[:len(outs)]]
+            same, ok = f"; same tokens as XLA's defaults: {equal}", ok & equal
+        print(f"  single, {label}: {ms:.3f} ms/pass (x{ms / s.roofline_ms:.2f} roofline) over "
+              f"{sum(o.recurrent_passes for o in outs)} passes of {len(outs)} prompts; compile "
+              f"{engine.compile_seconds:.1f} s{same}", flush=True)
+        plan = print_plan(s.cfg, s.params, s.decode, args, 1, "single", measured_ms=ms,
+                          measured_compile=engine.compile_seconds,
+                          command_buffers="graphs" if graphs else "engine")
+        verdict(f"single ({label}): ms per pass / HBM roofline", name,
+                round(ms / s.roofline_ms, 3), 1.3, ms <= 1.3 * s.roofline_ms)
+        plan_verdicts(name, f"single ({label})", ms, plan)
+        if not graphs:
+            s.single, s.alone = engine, outs
+
+    def alone(name):
+        s = setup(name)
+        if s.single is None:
+            single(name)
+        t0 = time.perf_counter()
+        s.alone += [s.single.generate(p) for p in s.prompts[len(s.alone):max(batches)]]
+        print(f"  one at a time: {len(s.alone)} prompts in {time.perf_counter() - t0:.1f} s "
+              f"(the first {args.single_prompts} timed above)", flush=True)
+
+    def batch(name, b, graphs=False):
+        nonlocal ok
+        s = setup(name)
+        prompts = s.prompts[:max(batches)]
+        engine, outs, wall, first, ms, steps = run_batch(s.cfg, s.params, s.decode, prompts, b,
+                                                         graphs)
+        label = "graphs" if graphs else "XLA's defaults"
+        tokens = sum(len(o.token_ids) for o in outs)
+        line = (f"  batch {b:>3}, {label}: {tokens / wall:9.1f} tok/s, {ms:.3f} ms/step ({steps} "
+                f"steps), first run {first:.1f} s (compiles included, {engine.compile_seconds:.1f} "
+                f"s of them)")
+        full = s.alone is not None and len(s.alone) >= len(prompts)
+        if full:
+            base = (sum(len(o.token_ids) for o in s.alone[:len(prompts)])
+                    / sum(o.wall_seconds for o in s.alone[:len(prompts)]))
+            same = sum(a.token_ids == o.token_ids for a, o in zip(s.alone, outs))
+            line += (f"; x{tokens / wall / base:.2f} one at a time ({base:.1f} tok/s); "
+                     f"{same} of {len(outs)} requests the same tokens as one at a time")
+        if graphs and b in s.defaults:
+            equal = [o.token_ids for o in outs] == s.defaults[b]
+            line, ok = line + f"; same tokens as XLA's defaults: {equal}", ok & equal
+        elif not graphs:
+            s.defaults[b] = [o.token_ids for o in outs]
+        print(line, flush=True)
+        plan = print_plan(s.cfg, s.params, s.decode, args, b, "batch", measured_ms=ms,
+                          measured_compile=engine.compile_seconds,
+                          command_buffers="graphs" if graphs else "engine")
+        verdict(f"batch {b} ({label}): first run s", name, round(first, 1), 15, first <= 15)
+        plan_verdicts(name, f"batch {b} ({label})", ms, plan)
+        if b == max(batches):
+            floor = max(plan["floor_bytes_per_step"] / rates.bandwidth_bytes_per_second,
+                        (plan["flops_per_step"] or 0) / rates.matrix_flops_per_second)
+            verdict(f"batch {b} ({label}): ms per step / max(floor bytes, FLOPs)", name,
+                    round(ms / (1e3 * floor), 3), 1.5, ms <= 1.5e3 * floor)
+            if full and not graphs:
+                verdict(f"batch {b}: suite tok/s / one at a time", name,
+                        round(tokens / wall / base, 2), 20, tokens / wall >= 20 * base)
+        del engine
+
+    first, rest = models[0], models[1:]
+    items = [(f"{first} combined attention", functools.partial(combined, first)),
+             (f"{first} single", functools.partial(single, first)),
+             (f"{first} one at a time", functools.partial(alone, first))]
+    items += [(f"{first} batch {b}", functools.partial(batch, first, b)) for b in batches]
+    for name in rest:
+        items += [(f"{name} combined attention", functools.partial(combined, name)),
+                  (f"{name} single", functools.partial(single, name)),
+                  (f"{name} batch {max(batches)}", functools.partial(batch, name, max(batches)))]
+    items += [(f"{first} single graphs", functools.partial(single, first, True)),
+              (f"{first} batch {max(batches)} graphs",
+               functools.partial(batch, first, max(batches), True))]
+    for name in rest:
+        items += [(f"{name} one at a time", functools.partial(alone, name))]
+        items += [(f"{name} batch {b}", functools.partial(batch, name, b)) for b in batches[:-1]]
+    skipped = []
+    for label, item in items:
+        spent = time.perf_counter() - began
+        if spent > args.budget_s:
+            skipped.append(label)
+            continue
+        print(f"-- {label} ({spent:.0f} of {args.budget_s:.0f} s spent)", flush=True)
+        item()
+    print(f"\nGOALS ({time.perf_counter() - began:.0f} s; device {jax.devices()[0].device_kind}, "
+          f"rates of {rates.name}; prompt {args.prompt_tokens}, {args.max_new_tokens} new, window "
+          f"{args.window_size}, bf16)")
+    for v in verdicts:
+        print(f"  {v['model']:>4} {v['goal']}: {v['measured']} (goal {v['limit']}): "
+              f"{'met' if v['met'] else 'NOT met'}")
+    for label in skipped:
+        print(f"  not measured (the budget of {args.budget_s:.0f} s was spent): {label}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": jax.devices()[0].device_kind, "jax": jax.__version__,
+                       "rates": rates.name, "setting": {k: getattr(args, k) for k in (
+                           "prompt_tokens", "max_new_tokens", "window_size", "batches",
+                           "single_prompts", "budget_s")},
+                       "verdicts": verdicts, "not_measured": skipped}, f, indent=1)
+    return ok
+# ---- end GOALS --------------------------------------------------------------------------------
 
 
 # ---- ATTENTION (the Triton kernel alone: its prefix in parts or in one) -----------------------
@@ -346,11 +589,7 @@ def head_norm_check(cfg, args) -> None:
         if not HK.supported((rows, n_q, d_h), (rows, n_kv, d_h), jnp.bfloat16):
             print(f"  head norms rows {rows:>4}: XLA's form (the kernel does not take them)")
             continue
-        keys = iter(jax.random.split(jax.random.key(4), 3))
-        qkv = jax.random.normal(next(keys), (rows, n_q + 2 * n_kv, d_h), jnp.bfloat16)
-        q_w, k_w = (1 + 0.1 * jax.random.normal(next(keys), (2, d_h))).astype(jnp.bfloat16)
-        cos, sin = M.rope_tables(jnp.arange(rows) + args.prompt_tokens, d_h, cfg.rope_theta,
-                                 jnp.bfloat16)
+        qkv, q_w, k_w, cos, sin = window_heads(cfg, args, rows)
 
         @jax.jit
         def xla(qkv):
@@ -366,6 +605,21 @@ def head_norm_check(cfg, args) -> None:
         if rows == 2 * args.window_size:  # one request's window: the attention kernel does them
             normed_attention_check(cfg, args, qkv, q_w, k_w, cos, sin, kernel, on_gpu)
             combined_attention_check(cfg, args, qkv, q_w, k_w, cos, sin, on_gpu)
+
+
+def window_heads(cfg, args, rows):
+    """Random inputs of a window's heads as its layer's products leave them (``rows`` rows of
+    queries, keys and values, bf16), the heads' norm weights, and the window's RoPE tables after
+    the prompt: (qkv, q_w, k_w, cos, sin)."""
+    from alodlm_jax import model as M
+
+    n_q, n_kv, d_h = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    keys = iter(jax.random.split(jax.random.key(4), 3))
+    qkv = jax.random.normal(next(keys), (rows, n_q + 2 * n_kv, d_h), jnp.bfloat16)
+    q_w, k_w = (1 + 0.1 * jax.random.normal(next(keys), (2, d_h))).astype(jnp.bfloat16)
+    cos, sin = M.rope_tables(jnp.arange(rows) + args.prompt_tokens, d_h, cfg.rope_theta,
+                             jnp.bfloat16)
+    return qkv, q_w, k_w, cos, sin
 
 
 def normed_attention_check(cfg, args, qkv, q_w, k_w, cos, sin, norm_rope, on_gpu) -> None:
@@ -401,13 +655,14 @@ def normed_attention_check(cfg, args, qkv, q_w, k_w, cos, sin, norm_rope, on_gpu
           f"max |difference| {diff:.3g}", flush=True)
 
 
-def combined_attention_check(cfg, args, qkv, q_w, k_w, cos, sin, on_gpu) -> None:
+def combined_attention_check(cfg, args, qkv, q_w, k_w, cos, sin, on_gpu):
     """One request's window over a prefix walked in parts, as the single-request program runs
     it: the attention kernel's last part to finish combining its head's parts (given the counts,
     as model.run_window_stack gives them) against a second kernel combining them, over a quarter
     and the whole of a cache of one layer, 100 calls each on a GPU (a part read before its
     program wrote it would make a call differ): the share of the outputs equal bit for bit,
-    the calls that differed, and the largest difference."""
+    the calls that differed, and the largest difference. Returns (calls that differed, calls),
+    or None where the kernel does not combine them."""
     from alodlm_jax import window_kernel as WK
 
     rows = qkv.shape[0]
@@ -417,7 +672,7 @@ def combined_attention_check(cfg, args, qkv, q_w, k_w, cos, sin, on_gpu) -> None
             "gpu", slots=slots, n_kv=n_kv, head_dim=d_h, rows=rows, group=n_q // n_kv,
             dtype=jnp.bfloat16)):
         print(f"  combined attention rows {rows:>4}: parts combined by a second kernel")
-        return
+        return None
     k_all, v_all = (jax.random.normal(key, (1, 1, slots, n_kv, d_h), jnp.bfloat16)
                     for key in jax.random.split(jax.random.key(6)))
 
@@ -428,7 +683,7 @@ def combined_attention_check(cfg, args, qkv, q_w, k_w, cos, sin, on_gpu) -> None
                                        cfg.rms_norm_eps, k_all, v_all, jnp.int32(0), None,
                                        start, interpret=not on_gpu, counts=counts)[:2]
 
-    calls = 100 if on_gpu else 2
+    calls, all_differed = 100 if on_gpu else 2, 0
     for prefix in (slots // 4, slots - rows):
         start = jnp.asarray([prefix], jnp.int32)
         want = attend(False, qkv, k_all, v_all, start)
@@ -441,7 +696,9 @@ def combined_attention_check(cfg, args, qkv, q_w, k_w, cos, sin, on_gpu) -> None
         print(f"  combined attention rows {rows:>4}, prefix {prefix:>5}: in the kernel vs a "
               f"second kernel {100 * min(shares):.3f}% equal, {differed} of {calls} calls "
               f"differ, max |difference| {worst:.3g}", flush=True)
+        all_differed += differed
     del k_all, v_all
+    return all_differed, 2 * calls
 
 
 def agreement(want, got) -> tuple[float, float]:
@@ -507,19 +764,19 @@ def layer_kernels_check(cfg, params, args) -> None:
 
 # ---- PLAN (alodlm-jax-plan's prediction beside the measured step) ----------------------------
 def print_plan(cfg, params, decode, args, batch, program, *, measured_ms, measured_compile,
-               command_buffers="engine") -> None:
+               command_buffers="engine") -> dict:
     """The plan of the program just measured (alodlm_jax.plan on this device, with the engine's
     XLA options): its predicted ms per step (the single-request program: per pass) beside the
-    measured one, what it is made of (bytes and FLOPs at the H200's rates, kernels launched
+    measured one, what it is made of (bytes and FLOPs at the device's rates, kernels launched
     outside command buffers, host syncs), compile seconds, and its device memory
     beside the device's measured peak and its allocator's limit (bytes_limit: what the plan of a
-    named GPU takes as usable, alodlm_jax.plan.fit)."""
+    named GPU takes as usable, alodlm_jax.plan.fit). Returns the program's record of the plan."""
     import dataclasses
 
     from alodlm_jax.plan.compile import plan
-    from alodlm_jax.plan.targets import attached_target, load_target
+    from alodlm_jax.plan.targets import attached_target
 
-    rates = load_target("h200")  # this script's device: its bandwidth and matrix rate
+    rates = device_rates()
     target = dataclasses.replace(attached_target(), bandwidth_bytes_per_second=rates.bandwidth_bytes_per_second,
                                  matrix_flops_per_second=rates.matrix_flops_per_second)
     spec = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
@@ -547,6 +804,7 @@ def print_plan(cfg, params, decode, args, batch, program, *, measured_ms, measur
           f"process's, this batch's engine and the one-request engine's cache included) of an "
           f"allocator limit of {'-' if limit is None else f'{limit / 1e9:.3f} GB'}; the plan's "
           f"largest batch {record['max_batch_size']}", flush=True)
+    return p
 
 
 # ---- end PLAN ---------------------------------------------------------------------------------

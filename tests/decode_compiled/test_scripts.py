@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pathlib
 import subprocess
 import sys
@@ -47,6 +48,54 @@ def test_gpu_check_tiny_runs_on_cpu():
     assert done.stdout.count("of an allocator limit of") == 12
 
 
+def gpu_goals(tmp_path, *flags):
+    report = tmp_path / "goals.json"
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--goals", "--tiny",
+                           "--max_new_tokens", "8", "--batches", "3", "--single_prompts", "2",
+                           "--json", str(report), *flags],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout, json.loads(report.read_text())
+
+
+@pytest.mark.slow
+def test_gpu_check_goals_tiny_runs_on_cpu(tmp_path):
+    """--goals runs its items in order on both shapes and gives each goal a verdict; on a CPU the
+    thresholds are not the point (its times are not a GPU's), what is measured and recorded is."""
+    out, report = gpu_goals(tmp_path)
+    assert "GPU_CHECK_DONE ok" in out and report["not_measured"] == []
+    items = [line.split(" (")[0] for line in out.splitlines() if line.startswith("-- ")]
+    assert items == ["-- 1.7b combined attention", "-- 1.7b single", "-- 1.7b one at a time",
+                     "-- 1.7b batch 3", "-- 8b combined attention", "-- 8b single",
+                     "-- 8b batch 3", "-- 1.7b single graphs", "-- 1.7b batch 3 graphs",
+                     "-- 8b one at a time"]
+    goals = {(v["model"], v["goal"]): v for v in report["verdicts"]}
+    for model in ("1.7b", "8b"):
+        assert goals[model, "combined attention: calls that differ"]["measured"] == 0
+        for goal in ("single (XLA's defaults): ms per pass / HBM roofline",
+                     "single (XLA's defaults): measured / predicted ms per step",
+                     "batch 3 (XLA's defaults): first run s",
+                     "batch 3 (XLA's defaults): measured / predicted ms per step",
+                     "batch 3 (XLA's defaults): ms per step / max(floor bytes, FLOPs)"):
+            assert goals[model, goal]["measured"] > 0
+    # Tokens/s against one at a time where all the batch's prompts ran one at a time (the 1.7B),
+    # and graphs against XLA's defaults: the same tokens (on a CPU the same options).
+    assert goals["1.7b", "batch 3: suite tok/s / one at a time"]["limit"] == 20
+    assert ("8b", "batch 3: suite tok/s / one at a time") not in goals
+    assert "3 of 3 requests the same tokens as one at a time" in out
+    assert out.count("same tokens as XLA's defaults: True") == 2
+
+
+@pytest.mark.slow
+def test_gpu_check_goals_stops_at_its_budget(tmp_path):
+    """Past --budget_s no item starts: each is listed as not measured, in the output and the
+    report."""
+    out, report = gpu_goals(tmp_path, "--budget_s", "0")
+    assert report["verdicts"] == [] and len(report["not_measured"]) == 10
+    assert out.count("not measured (the budget of 0 s was spent)") == 10
+    assert "-- " not in out
+
+
 @pytest.mark.slow
 def test_bench_decode_quick_run(tmp_path):
     """The decode benchmark runs end to end (small model, short budget) and writes its report."""
@@ -57,8 +106,6 @@ def test_bench_decode_quick_run(tmp_path):
          "--scaling", "", "--step_costs", "1,2", "--workdir", str(tmp_path / "work"), "--json", str(report)],
         capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
-    import json
-
     data = json.loads(report.read_text())
     model = data["models"][0]
     assert model["modes"]["entropy"]["same_tokens"] is True
