@@ -12,7 +12,7 @@ returns the plan record (``docs/plan.md`` describes every key):
   arguments + outputs - aliased + temporaries + generated code (the buffer assignment the
   executable allocates by), against ``usable_bytes``, what a JAX process gets of the device's
   ``capacity_bytes`` (``fits``; :func:`alodlm_jax.plan.fit.usable_memory`);
-  ``beyond_arguments_bytes``: the part beyond the arguments as their shapes give them;
+  ``beyond_arguments_bytes``: the part beyond the arguments (:func:`_beyond_arguments`);
 * per step (the batch program's loop body; the single-request program's pass):
   ``bytes_per_step`` and ``kernels_per_step`` from the optimized program
   (:mod:`alodlm_jax.plan.hlo`: every loop counted as often as it runs, the heaviest branch of
@@ -78,6 +78,16 @@ def _device_memory(memory) -> int:
             + int(memory.generated_code_size_in_bytes))
 
 
+def _beyond_arguments(memory, shapes_total: int) -> int:
+    """What an executable allocates beyond its arguments (``shapes_total``: their bytes as their
+    shapes give them): the larger of two lower bounds, its device memory less ``shapes_total``
+    (which counts a layout's padding, but also arguments JAX leaves out of a program that does
+    not read them: an admit program's LM head) and its outputs not aliased, temporaries and
+    code (which count no padding)."""
+    return max(_device_memory(memory) - shapes_total,
+               _device_memory(memory) - int(memory.argument_size_in_bytes))
+
+
 def _analyse(program: PlannedProgram, compiled, seconds: float, target, floor: int,
              usable: int | None, thunks: tuple[str, str] | None = None) -> dict:
     memory = compiled.memory_analysis()
@@ -127,7 +137,7 @@ def _analyse(program: PlannedProgram, compiled, seconds: float, target, floor: i
     record.update(_launch_record(step, step_launches, target))
     # And what it needs beyond its arguments (temporaries, outputs not aliased, generated code).
     record["usable_bytes"] = usable
-    record["beyond_arguments_bytes"] = device_memory - need["total"]
+    record["beyond_arguments_bytes"] = _beyond_arguments(memory, need["total"])
     return record
 
 
@@ -288,7 +298,7 @@ def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: in
                 raise
             memory = None
     if memory is not None:
-        beyond["admit"] = _device_memory(memory) - fit.argument_bytes(admit)["total"]
+        beyond["admit"] = _beyond_arguments(memory, fit.argument_bytes(admit)["total"])
     extra = max(beyond.values(), default=0)
     return {
         "target": target.record(),

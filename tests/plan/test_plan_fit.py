@@ -4,11 +4,13 @@ that fits by the same arithmetic, and that arithmetic exact at every batch."""
 
 import time
 
+import jax
 import jax.numpy as jnp
 import pytest
 
 from alodlm_jax.cli import plan as plan_cli
 from alodlm_jax.config import DecodeConfig
+from alodlm_jax.plan import compile as plan_compile
 from alodlm_jax.plan import fit, targets
 from alodlm_jax.plan.programs import evaluate_programs
 from alodlm_jax.testing.released_shapes import model_config, param_specs
@@ -82,3 +84,16 @@ def test_the_arguments_of_the_batch_programs_are_linear_in_the_batch_exactly():
     assert fit.largest_batch(linear, usable) == 10
     assert fit.largest_batch(linear, usable, extra=8) == 9
     assert fit.largest_batch(linear, 0) == 0 and fit.largest_batch(linear, None) is None
+
+
+def test_what_a_program_needs_beyond_its_arguments_leaves_out_those_it_does_not_read():
+    """JAX leaves an argument a program does not read out of it (an admit program's LM head):
+    its bytes are not memory the program needs beyond its arguments, and not a saving either."""
+    program = jax.jit(lambda unread, x: 2 * x)
+    unread, x = jnp.zeros((1 << 18,), jnp.float32), jnp.zeros((1024,), jnp.float32)
+    memory = program.lower(unread, x).compile().memory_analysis()
+    shapes_total = unread.nbytes + x.nbytes
+    assert memory.argument_size_in_bytes < shapes_total
+    beyond = plan_compile._beyond_arguments(memory, shapes_total)
+    assert beyond == plan_compile._device_memory(memory) - memory.argument_size_in_bytes
+    assert beyond >= memory.output_size_in_bytes == x.nbytes
