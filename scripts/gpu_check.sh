@@ -32,10 +32,10 @@
 #         bash scripts/gpu_check.sh --parity [gpu_parity.py's options]
 #   --goals    only the decode-speed goals of docs/plan.md, in one run that starts nothing after
 #              --budget_s seconds (block GOALS below: what it runs, in which order): a 256-token
-#              prompt and 128 new by default, batch 1 against the HBM roofline, batches 8 and 32
-#              (first run, step against the floors, tokens/s against one at a time), each
-#              measured step against the plan's prediction, the combined attention's ordering,
-#              and graphs; a verdict a goal at the end ("GOALS"), and in --json.
+#              prompt and 128 new by default, batch 1 against its weights at the bandwidth,
+#              batches 8 and 32 (first run, step against the floors, tokens/s against one at a
+#              time), each measured step against the plan's prediction, the combined attention's
+#              ordering, and graphs; a verdict a goal at the end ("GOALS"), and in --json.
 #   --parity   only the fp32 parity check against the CPU (scripts/gpu_parity.py: several small
 #              topologies, one request at a time and batches 8 and 32; exit status 1 on any
 #              difference); the other options are gpu_parity.py's.
@@ -342,7 +342,9 @@ def goals(args) -> bool:
          parts against a second kernel, 100 calls at two prefixes (goal: no call differs; a
          part read before its program wrote it would make one differ);
       2. its single-request program (XLA's defaults), --single_prompts prompts: ms per pass
-         against 1.3x the HBM roofline (goal), and against the plan's prediction (within 1.3x);
+         against 1.3x the time of all its weights at the bandwidth (goal: 1.1 ms for the 1.7B,
+         4.4 ms for the 8B on an H200; the pass itself reads the layers it loops, the head and
+         the gate: "HBM roofline"), and against the plan's prediction (within 1.3x);
       3. the 1.7B: the --batches prompts one at a time, then each batch size on them: the first
          run's seconds (goal 15), ms per step against the plan's (within 1.3x), the largest
          batch's step against 1.5x max(floor bytes, FLOPs) at the device's rates (goal) and its
@@ -379,13 +381,16 @@ def goals(args) -> bool:
                        for _ in range(max(batches + [args.single_prompts]))]
             decode = DecodeConfig(q=0.5, tau=0.4, window_size=args.window_size,
                                   max_new_tokens=args.max_new_tokens, mode="entropy")
-            roofline = 1e3 * pass_bytes(params) / rates.bandwidth_bytes_per_second
+            weights = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(params))
+            roofline, goal = (1e3 * n / rates.bandwidth_bytes_per_second
+                              for n in (pass_bytes(params), weights))
             print(f"\n== {name}-shaped ({'tiny' if args.tiny else 'full'}); one pass reads "
                   f"{pass_bytes(params) / 1e9:.3f} GB -> HBM roofline {roofline:.3f} ms/pass at "
-                  f"{tb_per_s()}", flush=True)
+                  f"{tb_per_s()}; all {weights / 1e9:.3f} GB of weights (the batch-1 goal's "
+                  f"roofline) {goal:.3f} ms", flush=True)
             setups[name] = SimpleNamespace(cfg=cfg, params=params, prompts=prompts, decode=decode,
-                                           roofline_ms=roofline, single=None, alone=None,
-                                           defaults={})
+                                           roofline_ms=roofline, goal_ms=goal, single=None,
+                                           alone=None, defaults={})
         return setups[name]
 
     def plan_verdicts(name, program, measured_ms, plan):
@@ -426,8 +431,8 @@ def goals(args) -> bool:
         plan = print_plan(s.cfg, s.params, s.decode, args, 1, "single", measured_ms=ms,
                           measured_compile=engine.compile_seconds,
                           command_buffers="graphs" if graphs else "engine")
-        verdict(f"single ({label}): ms per pass / HBM roofline", name,
-                round(ms / s.roofline_ms, 3), 1.3, ms <= 1.3 * s.roofline_ms)
+        verdict(f"single ({label}): ms per pass / all weights at the bandwidth", name,
+                round(ms / s.goal_ms, 3), 1.3, ms <= 1.3 * s.goal_ms)
         plan_verdicts(name, f"single ({label})", ms, plan)
         if not graphs:
             s.single, s.alone = engine, outs

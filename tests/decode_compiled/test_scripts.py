@@ -72,7 +72,7 @@ def test_gpu_check_goals_tiny_runs_on_cpu(tmp_path):
     goals = {(v["model"], v["goal"]): v for v in report["verdicts"]}
     for model in ("1.7b", "8b"):
         assert goals[model, "combined attention: calls that differ"]["measured"] == 0
-        for goal in ("single (XLA's defaults): ms per pass / HBM roofline",
+        for goal in ("single (XLA's defaults): ms per pass / all weights at the bandwidth",
                      "single (XLA's defaults): measured / predicted ms per step",
                      "batch 3 (XLA's defaults): first run s",
                      "batch 3 (XLA's defaults): measured / predicted ms per step",
