@@ -93,11 +93,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from alodlm_jax.analysis import step_analysis
-from alodlm_jax.config import DecodeConfig
+from alodlm_jax.config import DecodeConfig, DecodeConfigError
 from alodlm_jax.decode import batched
 from alodlm_jax.decode.compiled import CompiledEngine
 from alodlm_jax.decode.portable import PortableEngine
-from alodlm_jax.testing.released_shapes import model_config, random_params
+from alodlm_jax.testing.released_shapes import SHAPES, model_config, random_params
 
 
 @functools.cache
@@ -191,7 +191,7 @@ def batch_sweep(cfg, params, batches, args) -> bool:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(prog="scripts/gpu_check.sh")
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--models", default="1.7b,8b")
     parser.add_argument("--goals", action="store_true",
@@ -233,6 +233,14 @@ def main() -> int:
         args.batches = "8,32" if args.goals else "1,8,32"
     if args.goals and not [b for b in args.batches.split(",") if b]:
         parser.error("--goals needs at least one batch size in --batches")
+    unknown = [m for m in args.models.split(",") if m and m not in SHAPES]
+    if unknown:
+        parser.error(f"--models: unknown {', '.join(unknown)} (the shapes: {', '.join(SHAPES)})")
+    try:
+        DecodeConfig(q=0.5, tau=0.4, window_size=args.window_size,
+                     max_new_tokens=args.max_new_tokens)
+    except DecodeConfigError as error:
+        parser.error(f"--window_size / --max_new_tokens: {error}")
     if args.xla_products:
         from alodlm_jax import matmul_kernel
 
@@ -355,9 +363,11 @@ def goals(args) -> bool:
          and largest batch (same tokens as XLA's defaults expected);
       6. the 8B's one-at-a-time run and its other batch sizes.
 
-    Every line is flushed as it is measured, so a run cut short keeps what it measured; the
-    verdicts are printed at the end ("GOALS") and written to --json. True where no call of the
-    combined attention differed and graphs gave the defaults' tokens."""
+    Every line is flushed as it is measured and --json rewritten after every item, so a run cut
+    short keeps what it measured; an item that fails (or a plan of a measured program) is
+    reported and the next one runs. The verdicts are printed at the end ("GOALS"). True where
+    no item failed, no call of the combined attention differed and graphs gave the defaults'
+    tokens."""
     import json
     from types import SimpleNamespace
 
@@ -365,7 +375,7 @@ def goals(args) -> bool:
     rates = device_rates()
     batches = [int(b) for b in args.batches.split(",") if b]
     models = [m for m in args.models.split(",") if m]
-    began, verdicts, ok = time.perf_counter(), [], True
+    began, verdicts, failed, ok = time.perf_counter(), [], [], True
     setups = {}
 
     def verdict(goal, model, measured, limit, met):
@@ -392,6 +402,19 @@ def goals(args) -> bool:
                                            roofline_ms=roofline, goal_ms=goal, single=None,
                                            alone=None, defaults={})
         return setups[name]
+
+    def planned(name, program, *plan_args, **plan_kwargs):
+        """print_plan's record of the program just measured, and its verdicts; None (and a line
+        saying why) where planning it failed, the measurement's own verdicts kept."""
+        try:
+            plan = print_plan(*plan_args, **plan_kwargs)
+        except Exception as error:  # noqa: BLE001 - the measurements stand without the plan
+            print(f"  plan of {program} failed: {type(error).__name__}: {str(error)[:300]}",
+                  flush=True)
+            failed.append(f"{name} plan of {program}: {type(error).__name__}")
+            return None
+        plan_verdicts(name, program, plan_kwargs["measured_ms"], plan)
+        return plan
 
     def plan_verdicts(name, program, measured_ms, plan):
         predicted, outside = plan["predicted_step_seconds"], plan["kernels_outside_command_buffers"]
@@ -428,14 +451,13 @@ def goals(args) -> bool:
         print(f"  single, {label}: {ms:.3f} ms/pass (x{ms / s.roofline_ms:.2f} roofline) over "
               f"{sum(o.recurrent_passes for o in outs)} passes of {len(outs)} prompts; compile "
               f"{engine.compile_seconds:.1f} s{same}", flush=True)
-        plan = print_plan(s.cfg, s.params, s.decode, args, 1, "single", measured_ms=ms,
-                          measured_compile=engine.compile_seconds,
-                          command_buffers="graphs" if graphs else "engine")
-        verdict(f"single ({label}): ms per pass / all weights at the bandwidth", name,
-                round(ms / s.goal_ms, 3), 1.3, ms <= 1.3 * s.goal_ms)
-        plan_verdicts(name, f"single ({label})", ms, plan)
         if not graphs:
             s.single, s.alone = engine, outs
+        verdict(f"single ({label}): ms per pass / all weights at the bandwidth", name,
+                round(ms / s.goal_ms, 3), 1.3, ms <= 1.3 * s.goal_ms)
+        planned(name, f"single ({label})", s.cfg, s.params, s.decode, args, 1, "single",
+                measured_ms=ms, measured_compile=engine.compile_seconds,
+                command_buffers="graphs" if graphs else "engine")
 
     def alone(name):
         s = setup(name)
@@ -470,20 +492,20 @@ def goals(args) -> bool:
         elif not graphs:
             s.defaults[b] = [o.token_ids for o in outs]
         print(line, flush=True)
-        plan = print_plan(s.cfg, s.params, s.decode, args, b, "batch", measured_ms=ms,
-                          measured_compile=engine.compile_seconds,
-                          command_buffers="graphs" if graphs else "engine")
         verdict(f"batch {b} ({label}): first run s", name, round(first, 1), 15, first <= 15)
-        plan_verdicts(name, f"batch {b} ({label})", ms, plan)
-        if b == max(batches):
+        if b == max(batches) and full and not graphs:
+            verdict(f"batch {b}: suite tok/s / one at a time", name,
+                    round(tokens / wall / base, 2), 20, tokens / wall >= 20 * base)
+        compiled = engine.compile_seconds
+        del engine
+        plan = planned(name, f"batch {b} ({label})", s.cfg, s.params, s.decode, args, b,
+                       "batch", measured_ms=ms, measured_compile=compiled,
+                       command_buffers="graphs" if graphs else "engine")
+        if b == max(batches) and plan is not None:
             floor = max(plan["floor_bytes_per_step"] / rates.bandwidth_bytes_per_second,
                         (plan["flops_per_step"] or 0) / rates.matrix_flops_per_second)
             verdict(f"batch {b} ({label}): ms per step / max(floor bytes, FLOPs)", name,
                     round(ms / (1e3 * floor), 3), 1.5, ms <= 1.5e3 * floor)
-            if full and not graphs:
-                verdict(f"batch {b}: suite tok/s / one at a time", name,
-                        round(tokens / wall / base, 2), 20, tokens / wall >= 20 * base)
-        del engine
 
     first, rest = models[0], models[1:]
     items = [(f"{first} combined attention", functools.partial(combined, first)),
@@ -501,28 +523,41 @@ def goals(args) -> bool:
         items += [(f"{name} one at a time", functools.partial(alone, name))]
         items += [(f"{name} batch {b}", functools.partial(batch, name, b)) for b in batches[:-1]]
     skipped = []
+
+    def report():
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"device": jax.devices()[0].device_kind, "jax": jax.__version__,
+                           "rates": rates.name, "setting": {k: getattr(args, k) for k in (
+                               "prompt_tokens", "max_new_tokens", "window_size", "batches",
+                               "single_prompts", "budget_s")},
+                           "verdicts": verdicts, "failed": failed, "not_measured": skipped},
+                          f, indent=1)
+
     for label, item in items:
         spent = time.perf_counter() - began
         if spent > args.budget_s:
             skipped.append(label)
             continue
         print(f"-- {label} ({spent:.0f} of {args.budget_s:.0f} s spent)", flush=True)
-        item()
+        try:
+            item()
+        except Exception as error:  # noqa: BLE001 - one item's failure leaves the others
+            print(f"  {label} failed: {type(error).__name__}: {str(error)[:500]}", flush=True)
+            failed.append(f"{label}: {type(error).__name__}")
+            ok = False
+        report()  # after every item: a run cut short keeps what it measured
     print(f"\nGOALS ({time.perf_counter() - began:.0f} s; device {jax.devices()[0].device_kind}, "
           f"rates of {rates.name}; prompt {args.prompt_tokens}, {args.max_new_tokens} new, window "
           f"{args.window_size}, bf16)")
     for v in verdicts:
         print(f"  {v['model']:>4} {v['goal']}: {v['measured']} (goal {v['limit']}): "
               f"{'met' if v['met'] else 'NOT met'}")
+    for label in failed:
+        print(f"  failed: {label}")
     for label in skipped:
         print(f"  not measured (the budget of {args.budget_s:.0f} s was spent): {label}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": jax.devices()[0].device_kind, "jax": jax.__version__,
-                       "rates": rates.name, "setting": {k: getattr(args, k) for k in (
-                           "prompt_tokens", "max_new_tokens", "window_size", "batches",
-                           "single_prompts", "budget_s")},
-                       "verdicts": verdicts, "not_measured": skipped}, f, indent=1)
+    report()
     return ok
 # ---- end GOALS --------------------------------------------------------------------------------
 

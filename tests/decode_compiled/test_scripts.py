@@ -63,7 +63,7 @@ def test_gpu_check_goals_tiny_runs_on_cpu(tmp_path):
     """--goals runs its items in order on both shapes and gives each goal a verdict; on a CPU the
     thresholds are not the point (its times are not a GPU's), what is measured and recorded is."""
     out, report = gpu_goals(tmp_path)
-    assert "GPU_CHECK_DONE ok" in out and report["not_measured"] == []
+    assert "GPU_CHECK_DONE ok" in out and report["not_measured"] == report["failed"] == []
     items = [line.split(" (")[0] for line in out.splitlines() if line.startswith("-- ")]
     assert items == ["-- 1.7b combined attention", "-- 1.7b single", "-- 1.7b one at a time",
                      "-- 1.7b batch 3", "-- 8b combined attention", "-- 8b single",
@@ -91,9 +91,20 @@ def test_gpu_check_goals_stops_at_its_budget(tmp_path):
     """Past --budget_s no item starts: each is listed as not measured, in the output and the
     report."""
     out, report = gpu_goals(tmp_path, "--budget_s", "0")
-    assert report["verdicts"] == [] and len(report["not_measured"]) == 10
+    assert report["verdicts"] == report["failed"] == [] and len(report["not_measured"]) == 10
     assert out.count("not measured (the budget of 0 s was spent)") == 10
     assert "-- " not in out
+
+
+@pytest.mark.slow
+def test_gpu_check_refuses_bad_flags_before_it_builds_anything():
+    for flags, message in ((["--models", "1.7b,9b"], "--models: unknown 9b"),
+                           (["--goals", "--window_size", "0"], "--window_size / --max_new_tokens"),
+                           (["--goals", "--batches", ""], "--goals needs at least one batch")):
+        done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--tiny", *flags],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 2 and done.stdout == ""
+        assert done.stderr.splitlines()[-1].startswith(f"scripts/gpu_check.sh: error: {message}")
 
 
 @pytest.mark.slow
