@@ -346,22 +346,23 @@ def goals(args) -> bool:
     goals) measured in one run that stops starting work once --budget_s seconds are spent, its
     items in order of what they settle:
 
-      1. per model (1.7B first): the attention kernel's last part combining a split prefix's
-         parts against a second kernel, 100 calls at two prefixes (goal: no call differs; a
-         part read before its program wrote it would make one differ);
-      2. its single-request program (XLA's defaults), --single_prompts prompts: ms per pass
+      1. the first of --models (the 1.7B): the attention kernel's last part combining a split
+         prefix's parts against a second kernel, 100 calls at two prefixes (goal: no call
+         differs; a part read before its program wrote it would make one differ); its
+         single-request program (XLA's defaults) over --single_prompts prompts: ms per pass
          against 1.3x the time of all its weights at the bandwidth (goal: 1.1 ms for the 1.7B,
          4.4 ms for the 8B on an H200; the pass itself reads the layers it loops, the head and
-         the gate: "HBM roofline"), and against the plan's prediction (within 1.3x);
-      3. the 1.7B: the --batches prompts one at a time, then each batch size on them: the first
-         run's seconds (goal 15), ms per step against the plan's (within 1.3x), the largest
-         batch's step against 1.5x max(floor bytes, FLOPs) at the device's rates (goal) and its
-         suite tokens/s against one at a time (goal 20x), requests whose tokens equal one at a
-         time's (bf16: a near tie may differ; fp32 identity is gpu_parity's);
-      4. the 8B: the largest batch alone (no one-at-a-time run);
-      5. with loops and branches in command buffers (graphs): the 1.7B's single-request program
-         and largest batch (same tokens as XLA's defaults expected);
-      6. the 8B's one-at-a-time run and its other batch sizes.
+         the gate: "HBM roofline") and against the plan's prediction (within 1.3x); max(--batches)
+         prompts one at a time, then each batch size on them: the first run's seconds (goal 15),
+         ms per step against the plan's (within 1.3x), the largest batch's step against 1.5x
+         max(floor bytes, FLOPs) at the device's rates (goal) and its suite tokens/s against
+         one at a time (goal 20x), requests whose tokens equal one at a time's (bf16: a near tie
+         may differ; fp32 identity is gpu_parity's);
+      2. each other model (the 8B): the combined attention, the single-request program, the
+         largest batch (no one-at-a-time run);
+      3. with loops and branches in command buffers (graphs), the first model's single-request
+         program and largest batch (the same tokens as XLA's defaults expected);
+      4. the other models' one-at-a-time runs and other batch sizes.
 
     Every line is flushed as it is measured and --json rewritten after every item, so a run cut
     short keeps what it measured; an item that fails (or a plan of a measured program) is
