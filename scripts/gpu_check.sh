@@ -97,6 +97,7 @@ from alodlm_jax.config import DecodeConfig, DecodeConfigError
 from alodlm_jax.decode import batched
 from alodlm_jax.decode.compiled import CompiledEngine
 from alodlm_jax.decode.portable import PortableEngine
+from alodlm_jax.plan.fit import tree_bytes
 from alodlm_jax.testing.released_shapes import SHAPES, model_config, random_params
 
 
@@ -118,9 +119,14 @@ def tb_per_s() -> str:
 
 def pass_bytes(params) -> int:
     """Weight bytes one recurrent pass reads: core + coda layers, final norm, LM head, gate."""
-    leaves = jax.tree_util.tree_leaves((params["core"], params["coda"], params["final_norm"],
-                                        params["lm_head"], params["gate"]))
-    return int(sum(x.size * x.dtype.itemsize for x in leaves))
+    return tree_bytes((params["core"], params["coda"], params["final_norm"], params["lm_head"],
+                       params["gate"]))
+
+
+def random_prompts(cfg, count: int, tokens: int, seed: int = 2) -> list[list[int]]:
+    """``count`` prompts of ``tokens`` random ids below the mask token (the same for a seed)."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, cfg.mask_token_id, size=tokens).tolist() for _ in range(count)]
 
 
 def ms_per_pass(*outs) -> float:
@@ -149,9 +155,7 @@ def batch_sweep(cfg, params, batches, args) -> bool:
     """Suite tokens/s of continuous batching at each batch size against one request at a time
     (the same 2 * max(batches) prompts, entropy mode), and per step: measured ms against XLA's
     cost analysis of one step on this backend (bytes moved at the device's bandwidth)."""
-    rng = np.random.default_rng(2)
-    prompts = [rng.integers(0, cfg.mask_token_id, size=args.prompt_tokens).tolist()
-               for _ in range(2 * max(batches))]
+    prompts = random_prompts(cfg, 2 * max(batches), args.prompt_tokens)
     decode = DecodeConfig(q=0.5, tau=0.4, window_size=args.window_size,
                           max_new_tokens=args.max_new_tokens, mode="entropy")
     single = CompiledEngine(cfg, params, decode, [])
@@ -275,7 +279,7 @@ def main() -> int:
         # layer's weights out of the stack on every call, doubling a pass's memory traffic).
         params = random_params(cfg, dtype, seed=0, head_scale=args.head_scale)
         jax.block_until_ready(params)
-        weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(params))
+        weight_bytes = tree_bytes(params)
         per_pass = pass_bytes(params)
         roofline_ms = 1e3 * per_pass / device_rates().bandwidth_bytes_per_second
         print(f"\n== {name}-shaped ({'tiny' if args.tiny else 'full'}): {weight_bytes / 1e9:.2f} GB "
@@ -286,8 +290,7 @@ def main() -> int:
             attention_check(cfg, args)
             head_norm_check(cfg, args)
             layer_kernels_check(cfg, params, args)
-        rng = np.random.default_rng(1)
-        prompt = rng.integers(0, cfg.mask_token_id, size=args.prompt_tokens).tolist()
+        (prompt,) = random_prompts(cfg, 1, args.prompt_tokens, seed=1)
         for mode in ("entropy", "left1"):
             decode = DecodeConfig(q=0.5, tau=0.4, window_size=args.window_size,
                                   max_new_tokens=args.max_new_tokens, mode=mode)
@@ -387,16 +390,15 @@ def goals(args) -> bool:
         if name not in setups:
             cfg = model_config(name, tiny=args.tiny)
             params = random_params(cfg, jnp.bfloat16, seed=0, head_scale=args.head_scale)
-            rng = np.random.default_rng(2)
-            prompts = [rng.integers(0, cfg.mask_token_id, size=args.prompt_tokens).tolist()
-                       for _ in range(max(batches + [args.single_prompts]))]
+            prompts = random_prompts(cfg, max(batches + [args.single_prompts]),
+                                     args.prompt_tokens)
             decode = DecodeConfig(q=0.5, tau=0.4, window_size=args.window_size,
                                   max_new_tokens=args.max_new_tokens, mode="entropy")
-            weights = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(params))
+            per_pass, weights = pass_bytes(params), tree_bytes(params)
             roofline, goal = (1e3 * n / rates.bandwidth_bytes_per_second
-                              for n in (pass_bytes(params), weights))
+                              for n in (per_pass, weights))
             print(f"\n== {name}-shaped ({'tiny' if args.tiny else 'full'}); one pass reads "
-                  f"{pass_bytes(params) / 1e9:.3f} GB -> HBM roofline {roofline:.3f} ms/pass at "
+                  f"{per_pass / 1e9:.3f} GB -> HBM roofline {roofline:.3f} ms/pass at "
                   f"{tb_per_s()}; all {weights / 1e9:.3f} GB of weights (the batch-1 goal's "
                   f"roofline) {goal:.3f} ms", flush=True)
             setups[name] = SimpleNamespace(cfg=cfg, params=params, prompts=prompts, decode=decode,
@@ -767,7 +769,7 @@ def layer_kernels_check(cfg, params, args) -> None:
     on_gpu = jax.devices()[0].platform == "gpu"
     hidden, eps = cfg.hidden_size, cfg.rms_norm_eps
     layers = (tuple(params["prelude"]) + tuple(params["core"]) + tuple(params["coda"]))[:8]
-    weights = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(layers[0]))
+    weights = tree_bytes(layers[0])
     reps = 20 if on_gpu else 1
     for rows in (2 * args.window_size, 4 * args.window_size):
         if not MK.supported(rows, hidden, (hidden,), jnp.bfloat16):
@@ -873,9 +875,7 @@ def check_layouts(args, dtype) -> bool:
     count = len(jax.local_devices())
     for name in [m for m in args.models.split(",") if m]:
         cfg = model_config(name, tiny=args.tiny)
-        rng = np.random.default_rng(2)
-        prompts = [rng.integers(0, cfg.mask_token_id, size=args.prompt_tokens).tolist()
-                   for _ in range(args.layout_prompts)]
+        prompts = random_prompts(cfg, args.layout_prompts, args.prompt_tokens)
         decode = DecodeConfig(q=0.5, tau=0.4, window_size=args.window_size,
                               max_new_tokens=args.max_new_tokens)
         stacked = random_params(cfg, dtype, seed=0, head_scale=args.head_scale)
