@@ -188,15 +188,19 @@ def index_rows(numbered_rows: Iterator[tuple[int, dict]], *, file: str,
 
 
 def check_task_set(rows: Mapping[tuple, tuple[int, dict]], tasks: Sequence[Mapping[str, Any]], *,
-                   file: str) -> None:
+                   file: str, extra_rows: bool = False) -> None:
     """The prediction keys must equal the task keys exactly: the first row without a task is
-    named by its line, a task without a row by its task-file line."""
+    named by its line, a task without a row by its task-file line. ``extra_rows``: rows without
+    a task are allowed (``tasks`` is a subset, ``--limit``); every task still needs its row."""
     task_keys = [task_key(task) for task in tasks]
     if len(task_keys) == len(rows) and all(key in rows for key in task_keys):
         return
     wanted = set(task_keys)
     missing = [index for index, key in enumerate(task_keys) if key not in rows]
-    extra = [(number, key) for key, (number, _) in rows.items() if key not in wanted]
+    extra = [] if extra_rows else [(number, key) for key, (number, _) in rows.items()
+                                   if key not in wanted]
+    if not missing and not extra:
+        return
     message = "Prediction IDs must match the complete task set"
     counts = f"{len(missing)} task(s) without a prediction, {len(extra)} prediction(s) without a task"
     if extra:
@@ -236,13 +240,14 @@ def _lines(text: str) -> list[str]:
     return lines
 
 
-def load_predictions(path: str | os.PathLike, tasks: Sequence[Mapping[str, Any]]) -> list[dict]:
+def load_predictions(path: str | os.PathLike, tasks: Sequence[Mapping[str, Any]], *,
+                     extra_rows: bool = False) -> list[dict]:
     """Read and validate a predictions file for rescoring; return its rows in task order.
 
     In the reference's order: every line parsed, identity fields present, no duplicate key, the
-    key set equal to the tasks'; then — unlike the reference, whose per-row checks are lazy (D8)
-    — every row's ``text``, ``generated_tokens`` and ``wall_seconds``, before any output is
-    written.
+    key set equal to the tasks' (with ``extra_rows``, the tasks a subset of it: ``--limit``);
+    then — unlike the reference, whose per-row checks are lazy — every row's ``text``,
+    ``generated_tokens`` and ``wall_seconds`` of the tasks', before any output is written.
     """
     file = os.fspath(path)
     with open(file, "rb") as handle:
@@ -256,7 +261,7 @@ def load_predictions(path: str | os.PathLike, tasks: Sequence[Mapping[str, Any]]
     numbered = ((number, _parse(line, file, number))
                 for number, line in enumerate(_lines(text), start=1))
     rows = index_rows(numbered, file=file)
-    check_task_set(rows, tasks, file=file)
+    check_task_set(rows, tasks, file=file, extra_rows=extra_rows)
     ordered = []
     for key in map(task_key, tasks):
         number, row = rows[key]

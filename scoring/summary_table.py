@@ -45,6 +45,11 @@ def summary_table(summary: Mapping[str, Any], files: Sequence[str] = (),
     lines.append(f"suite: {examples} example(s), {summary['suite_tokens_per_second']:.1f} tokens/s "
                  f"over a generation wall time of {summary['suite_wall_seconds']:.3f} s "
                  f"({whose} wall_seconds summed)")
+    subset = protocol.get("subset")
+    if subset:
+        lines.append(f"subset: the first {subset['limit_per_benchmark']} task(s) of each benchmark,"
+                     f" {subset['tasks']} of the file's {subset['tasks_in_file']} (--limit); "
+                     "not a full evaluation")
     if elapsed_seconds is not None:
         compile_seconds = protocol.get("compile_seconds")
         compiled = ("" if compile_seconds is None

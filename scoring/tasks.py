@@ -22,7 +22,7 @@ from .errors import TaskFileError
 from .validation import CODE_METRICS
 
 __all__ = ["SUPPORTED_METRICS", "CODE_METRICS", "TaskList", "load_tasks", "task_key", "where_is",
-           "sha256_file"]
+           "sha256_file", "first_of_each_benchmark", "subset_record"]
 
 # Kept here (not imported from .metrics) so that loading tasks never imports math-verify.
 SUPPORTED_METRICS = ("arc", "mmlu", "mmlu_pro", "gpqa", "math", "exact", "python_tests", "evalplus")
@@ -135,3 +135,26 @@ def load_tasks(path: str | os.PathLike) -> TaskList:
     if not tasks:
         raise TaskFileError("Evaluation input is empty", file=file)
     return TaskList(tasks, file=file, lines=lines)
+
+
+def first_of_each_benchmark(tasks: TaskList, limit: int) -> TaskList:
+    """The first ``limit`` tasks of each benchmark, in file order (as lm-eval's ``--limit``): a
+    :class:`TaskList` that still names each task's line of the file."""
+    if limit < 1:
+        raise ValueError("--limit must be at least 1")
+    kept: list[int] = []
+    counts: dict[Any, int] = {}
+    for index, task in enumerate(tasks):
+        benchmark = json.dumps(task["benchmark"])
+        if counts.get(benchmark, 0) < limit:
+            counts[benchmark] = counts.get(benchmark, 0) + 1
+            kept.append(index)
+    lines = [where_is(tasks, index)["line"] for index in kept]
+    return TaskList((tasks[index] for index in kept), file=getattr(tasks, "file", "<tasks>"),
+                    lines=lines)
+
+
+def subset_record(limit: int, kept: int, total: int) -> dict:
+    """The summary's record of a run on a subset (``protocol.subset``): the limit per benchmark,
+    how many tasks ran and how many the file holds."""
+    return {"limit_per_benchmark": int(limit), "tasks": int(kept), "tasks_in_file": int(total)}

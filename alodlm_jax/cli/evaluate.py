@@ -76,6 +76,11 @@ flags.DEFINE_boolean("resume", False, "Continue an interrupted run in --output: 
                      "started; the first that differs is refused before any work (exit 2). Free "
                      f"to differ: {FREE_SETTINGS_HELP}.",
                      flag_values=FLAGS)
+flags.DEFINE_integer("limit", None, "Evaluate only the first N tasks of each benchmark, in "
+                     "file order (as lm-eval's --limit): a smoke test of the whole pipeline "
+                     "before a full run. summary.json records the subset (protocol.subset) and "
+                     "the closing table says so; rescoring, the predictions file may hold rows "
+                     "of every task.", lower_bound=1, flag_values=FLAGS)
 flags.DEFINE_boolean("quiet", False, "Print no progress on stderr: no phase lines (loading, "
                      "tokenizing, compiling), no task bar (on a terminal) and no progress lines "
                      "(in a log or a pipe).", flag_values=FLAGS)
@@ -93,6 +98,7 @@ flags.DEFINE_enum("task_split", "round_robin", ["round_robin", "contiguous"], "H
 
 
 _process_info = None  # alodlm_jax.distributed.ProcessInfo of a multi-process run (generate mode)
+_subset = None  # protocol.subset of a --limit run (alodlm_scoring.tasks.subset_record)
 
 
 class CommandError(RuntimeError):
@@ -180,7 +186,7 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
         block.update(layout)
         if supplied.get("xla_options"):  # the compiled engine on a GPU: its command buffers
             block["xla_options"] = dict(supplied["xla_options"])
-        return block
+        return _with_subset(block)
 
     if _process_info is not None:
         from alodlm_jax import distributed
@@ -209,6 +215,8 @@ def _generate_settings(decode: DecodeConfig):
     extra = {}
     if _process_info is not None:  # which tasks a shard holds
         extra = {"--num_processes": _process_info.num_processes, "--task_split": FLAGS.task_split}
+    if FLAGS.limit is not None:  # which tasks run
+        extra["--limit"] = FLAGS.limit
     return generate_run_settings(
         input_path=FLAGS.input, model=FLAGS.model, model_config=FLAGS.model_config,
         precision=FLAGS.precision, device=FLAGS.device or default_device(), decode=decode,
@@ -247,21 +255,33 @@ def _rescore_mode(tasks: Sequence[Mapping[str, Any]], state, progress) -> dict:
     from alodlm_scoring import evaluation
 
     progress.phase(f"reading the predictions in {FLAGS.predictions}")
-    predictions = evaluation.load_predictions(FLAGS.predictions, tasks)
+    predictions = evaluation.load_predictions(FLAGS.predictions, tasks,
+                                              extra_rows=FLAGS.limit is not None)
     sandbox, verdicts = code_scoring_from_flags(FLAGS)
+    settings = evaluation.rescore_settings(FLAGS.input, FLAGS.predictions,
+                                           code_sandbox=sandbox, code_verdicts=verdicts)
+    if FLAGS.limit is not None:  # which tasks run
+        settings = dataclasses.replace(settings, bound={**settings.bound, "--limit": FLAGS.limit})
+    protocol = evaluation.rescore_protocol(FLAGS.input, FLAGS.predictions)
     return evaluation.evaluate(
         tasks,
         state,
         rows_source=evaluation.rescore_source(predictions),
-        make_protocol=evaluation.rescore_protocol(FLAGS.input, FLAGS.predictions),
+        make_protocol=lambda failures: _with_subset(protocol(failures)),
         workers=FLAGS.workers,
         progress=progress,
         check_existing_row=evaluation.rescore_row_checker(predictions) if state.resume else None,
         pool_metrics=evaluation.rescore_pool_metrics(FLAGS.workers, FLAGS.math_in_workers),
-        settings=evaluation.rescore_settings(FLAGS.input, FLAGS.predictions,
-                                             code_sandbox=sandbox, code_verdicts=verdicts),
+        settings=settings,
         **_code_scoring(),
     )
+
+
+def _with_subset(block: dict) -> dict:
+    """The protocol block, with ``subset`` last when --limit chose the tasks."""
+    if _subset is not None:
+        block["subset"] = dict(_subset)
+    return block
 
 
 def _evaluate() -> int:
@@ -277,9 +297,16 @@ def _evaluate_with(progress: Progress) -> int:
     from alodlm_scoring.evaluation import prepare_output_directory
     from alodlm_scoring.tasks import load_tasks
 
-    global _process_info
+    global _process_info, _subset
     progress.phase(f"checking the tasks in {FLAGS.input}")
-    tasks = load_tasks(FLAGS.input)  # §6.2 step 1
+    tasks = load_tasks(FLAGS.input)  # every line checked, --limit or not
+    _subset = None
+    if FLAGS.limit is not None:
+        from alodlm_scoring.tasks import first_of_each_benchmark, subset_record
+
+        in_file = len(tasks)
+        tasks = first_of_each_benchmark(tasks, FLAGS.limit)
+        _subset = subset_record(FLAGS.limit, len(tasks), in_file)
     _process_info = None
     if FLAGS.predictions is None and (FLAGS.coordinator_address is not None
                                       or FLAGS.num_processes is not None or FLAGS.process_id is not None):
