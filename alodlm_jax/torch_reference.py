@@ -145,8 +145,11 @@ class TorchALoDLM:
     # -- loading -------------------------------------------------------------------------------
 
     @classmethod
-    def from_checkpoint(cls, model_dir: str | pathlib.Path, dtype: str = "fp32") -> "TorchALoDLM":
-        """Loads a checkpoint directory in the reference's format (§4.5), on the CPU."""
+    def from_checkpoint(cls, model_dir: str | pathlib.Path, dtype: str = "fp32",
+                        device: str = "cpu") -> "TorchALoDLM":
+        """Loads a checkpoint directory in the reference's format (§4.5) onto ``device`` (a torch
+        device: ``cpu`` or ``cuda``). On another device than the CPU, call the model inside
+        ``with torch.device(device):`` so the tensors it builds are made there too."""
         from transformers import Qwen3ForCausalLM
 
         if dtype not in _DTYPES:
@@ -181,7 +184,7 @@ class TorchALoDLM:
         gate.load_state_dict(torch.load(gate_path, map_location="cpu", weights_only=True), strict=True)
 
         tokenizer = load_tokenizer(pathlib.Path(model_dir))
-        return cls(model, gate, tokenizer, **fields)
+        return cls(model.to(device), gate.to(device), tokenizer, **fields)
 
     def default_stop_ids(self) -> list[int]:
         """§4.7: the tokenizer's EOS id(s) plus whichever named stop tokens exist in the vocab."""

@@ -3,7 +3,7 @@
 Model level (the same checkpoint in JAX and PyTorch)::
 
     alodlm-jax-compare --model DIR --prompts prompts.jsonl [--precision fp32|bf16]
-        [--q 0.5 --tau 0.4 --mode entropy --window-size 16 --max-new-tokens 64]
+        [--device cpu|cuda|tpu] [--torch_device auto|cpu|cuda] [--q 0.5 --tau 0.4 --mode entropy --window-size 16 --max-new-tokens 64]
         [--output report.json]
 
 Predictions level (two ``predictions.jsonl`` files of the same tasks; deltas are B − A)::
@@ -46,7 +46,10 @@ def _define_flags() -> flags.FlagValues:
                         "plain text, one prompt per line.", **d)
     flags.DEFINE_enum("precision", "fp32", _PRECISIONS, "Model dtype on both sides.", **d)
     flags.DEFINE_enum("engine", DEFAULT_ENGINE, list(ENGINES), "JAX decoder engine.", **d)
-    flags.DEFINE_string("device", "cpu", "JAX device for the decode (the torch side runs on CPU).", **d)
+    flags.DEFINE_string("device", "cpu", "JAX device for the decode.", **d)
+    flags.DEFINE_string("torch_device", "auto", "PyTorch side's device: cpu, cuda, or auto (cuda when "
+                        "--device is cuda and PyTorch sees a GPU, else cpu). cuda needs a GPU "
+                        "that PyTorch sees.", **d)
     flags.DEFINE_enum("torch_side", "auto", ("auto", "official", "reference"),
                       "PyTorch side: the official alodlm package if importable (auto), or forced.", **d)
     flags.DEFINE_boolean("decode", True, "Also decode greedily both ways (--nodecode: forward only).", **d)
@@ -127,12 +130,13 @@ def _model_report(fv: flags.FlagValues, jax_params_hook: Callable | None) -> dic
                                         "(or --predictions_a and --predictions_b)")
     tolerances = _tolerances(fv)
     decode_config = cli_flags.decode_config_from_flags(fv)
+    torch_device = compare.resolve_torch_device(fv.torch_device, fv.device)  # before any loading
     prompts = compare.load_prompts(fv.prompts)
     _quiet_transformers()
     return compare.run_model_comparison(
         fv.model, prompts, precision=fv.precision, decode_config=decode_config, tolerances=tolerances,
         engine=fv.engine, device=fv.device, torch_side=fv.torch_side, decode=fv.decode,
-        jax_params_hook=jax_params_hook)
+        jax_params_hook=jax_params_hook, torch_device=torch_device)
 
 
 def _quiet_transformers() -> None:

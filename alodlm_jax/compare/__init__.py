@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from .per_depth import depth_metrics, merge_depth_metrics
 from .errors import CompareInputError
-from .model import decode_pair_metrics, model_report, perturb_core_q, run_model_comparison
+from .model import (TORCH_DEVICES, decode_pair_metrics, model_report, perturb_core_q,
+                    resolve_torch_device, run_model_comparison)
 from .official import TORCH_SIDE_OFFICIAL, TORCH_SIDE_REFERENCE, official_alodlm_available
 from .predictions import compare_predictions, first_divergence, load_prediction_rows, sha256_file
 from .prompts import PromptSpec, encode_prompts, load_prompts
@@ -51,6 +52,8 @@ __all__ = [
     "PromptSpec",
     "perturb_core_q",
     "run_model_comparison",
+    "resolve_torch_device",
+    "TORCH_DEVICES",
     "official_alodlm_available",
     "TORCH_SIDE_OFFICIAL",
     "TORCH_SIDE_REFERENCE",

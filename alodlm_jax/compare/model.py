@@ -139,11 +139,37 @@ def _to_numpy(x: Any) -> np.ndarray:
 
 
 
+TORCH_DEVICES = ("auto", "cpu", "cuda")
+
+
+def resolve_torch_device(torch_device: str, jax_device: str) -> str:
+    """The torch side's device: ``cpu`` or ``cuda`` as given; ``auto`` = ``cuda`` when the JAX side
+    runs on a GPU (``--device cuda`` or ``gpu``) and PyTorch sees one, else ``cpu``. ``cuda``
+    given without a GPU PyTorch sees is a :class:`CompareInputError` naming the flag."""
+    if torch_device not in TORCH_DEVICES:
+        raise CompareInputError(f"--torch_device must be one of {', '.join(TORCH_DEVICES)}, "
+                                f"got {torch_device!r}")
+    if torch_device == "cpu" or (torch_device == "auto" and jax_device not in ("cuda", "gpu")):
+        return "cpu"
+    import torch  # noqa: PLC0415
+
+    if torch.cuda.is_available():
+        return "cuda"
+    if torch_device == "auto":
+        return "cpu"
+    raise CompareInputError("--torch_device cuda: PyTorch sees no CUDA device (a CPU-only torch "
+                            "build, or no GPU); use --torch_device cpu")
+
+
 def run_model_comparison(model: str, prompts: Sequence[PromptSpec], *, precision: str, decode_config: Any,
                          tolerances: Tolerances, engine: str = "compiled", device: str = "cpu",
                          torch_side: str = "auto", decode: bool = True,
-                         jax_params_hook: Callable[[dict], dict] | None = None) -> dict:
+                         jax_params_hook: Callable[[dict], dict] | None = None,
+                         torch_device: str = "cpu") -> dict:
     """Runs the checkpoint in JAX and PyTorch and returns the model-level report.
+
+    ``device`` is the JAX side's device, ``torch_device`` the torch side's (see
+    :func:`resolve_torch_device`).
 
     ``torch_side``: ``"auto"`` (the official package if importable, else our reference),
     ``"official"`` or ``"reference"``. ``jax_params_hook`` transforms the JAX params before they are
@@ -151,6 +177,7 @@ def run_model_comparison(model: str, prompts: Sequence[PromptSpec], *, precision
     when the generator exposes its params, to the JAX decode too.
     """
     import jax  # noqa: PLC0415
+    import torch  # noqa: PLC0415
 
     from alodlm_jax import generate  # noqa: PLC0415
     from alodlm_jax.model import looped_forward  # noqa: PLC0415
@@ -163,9 +190,11 @@ def run_model_comparison(model: str, prompts: Sequence[PromptSpec], *, precision
     if use_official and not official_alodlm_available():
         raise CompareInputError("--torch_side official: the alodlm package is not importable")
 
+    torch_device = resolve_torch_device(torch_device, device)
     target = generate.jax_device(device)
     model_dir = _resolve_model_dir(model)
-    reference = TorchALoDLM.from_checkpoint(model_dir, precision)
+    reference = TorchALoDLM.from_checkpoint(model_dir, precision, device=torch_device)
+    on_torch_device = torch.device(torch_device)  # tensors the torch side builds are made there
     prompt_ids = encode_prompts(prompts, reference.tokenizer, reference.vocab_size)
     budget = decode_config.max_new_tokens if decode else 0
     for spec, ids in zip(prompts, prompt_ids):
@@ -182,7 +211,8 @@ def run_model_comparison(model: str, prompts: Sequence[PromptSpec], *, precision
     per_prompt = []
     with jax.default_device(target):
         for ids in prompt_ids:
-            t_logits, t_hazards = reference.looped_forward(ids)
+            with on_torch_device:
+                t_logits, t_hazards = reference.looped_forward(ids)
             j_logits, j_hazards = forward(params, cfg, jax.numpy.asarray(ids, dtype=jax.numpy.int32))
             per_prompt.append(depth_metrics(_to_numpy(t_logits), _to_numpy(j_logits),
                                             _to_numpy(t_hazards), _to_numpy(j_hazards), rtol=tolerances.rtol))
@@ -196,14 +226,15 @@ def run_model_comparison(model: str, prompts: Sequence[PromptSpec], *, precision
             precision=precision, device=device, engine=engine, decode_config=decode_config,
             jax_device=target)
         stop_ids = list(generator.stop_ids)
-        official = OfficialDecoder(model_dir, precision) if use_official else None
+        official = OfficialDecoder(model_dir, precision, torch_device) if use_official else None
         if official is not None:
             torch_generate = lambda ids: official.generate(ids, decode_config)  # noqa: E731
         else:
             torch_generate = lambda ids: reference.generate(ids, decode_config, stop_ids=stop_ids)  # noqa: E731
         decode_rows = []
         for ids in prompt_ids:
-            torch_result, torch_error = _generate_or_error(torch_generate, ids)
+            with on_torch_device:
+                torch_result, torch_error = _generate_or_error(torch_generate, ids)
             jax_result, jax_error = _generate_or_error(generator.generate_ids, ids)
             errors = {k: v for k, v in (("torch", torch_error), ("jax", jax_error)) if v is not None}
             decode_rows.append(decode_pair_metrics(torch_result, jax_result, errors=errors))
@@ -216,6 +247,7 @@ def run_model_comparison(model: str, prompts: Sequence[PromptSpec], *, precision
         "torch_forward_side": TORCH_SIDE_REFERENCE,
         "engine": engine,
         "device": device,
+        "torch_device": torch_device,
         "decode_config": decode_config.as_dict() if decode else None,
         "prompts": [{"where": s.where, "tokens": len(ids)} for s, ids in zip(prompts, prompt_ids)],
         "jax_params_hook": getattr(jax_params_hook, "__name__", "hook") if jax_params_hook else None,

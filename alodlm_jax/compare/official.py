@@ -28,14 +28,14 @@ class OfficialDecoder:
     per-depth forward comparison always uses our torch reference (the report says so).
     """
 
-    def __init__(self, model_dir: str, precision: str):
+    def __init__(self, model_dir: str, precision: str, device: str = "cpu"):
         import torch  # noqa: PLC0415
         from alodlm.data import load_tokenizer  # noqa: PLC0415
         from alodlm.inference import Decoder  # noqa: PLC0415
         from alodlm.model import ALoDLM  # noqa: PLC0415
 
         dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-        model = ALoDLM.from_pretrained(model_dir, config=None, dtype=dtype).to("cpu")
+        model = ALoDLM.from_pretrained(model_dir, config=None, dtype=dtype).to(device)
         self._decoder = Decoder(model, load_tokenizer(model_dir))
 
     def generate(self, prompt_ids: list[int], config: Any) -> dict:

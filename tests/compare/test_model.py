@@ -54,6 +54,7 @@ def test_clean_conversion_passes(sandwich, prompts, tmp_path, capsys):
     report = json.loads(out.read_text())
     assert status == 0, report["failed"]
     assert report["torch_side"] == "alodlm-jax-torch-reference"
+    assert report["device"] == "cpu" and report["torch_device"] == "cpu"  # auto beside a CPU
     assert report["precision"] == "fp32" and report["decode_config"]["max_new_tokens"] == 12
     assert [p["tokens"] for p in report["prompts"]] == [7, 7, 7]
     assert [d["depth"] for d in report["forward"]["depths"]] == [1, 2, 3, 4]
@@ -182,3 +183,23 @@ def test_left1_mode_passes(sandwich, prompts):
 @pytest.mark.slow
 def test_compiled_engine_passes(sandwich, prompts):
     assert main(["--model", sandwich, "--prompts", prompts, "--engine", "compiled", *DECODE_FLAGS]) == 0
+
+
+def test_torch_device_is_checked_before_loading(sandwich, prompts, monkeypatch, capsys):
+    """--torch_device: cpu, cuda or auto (cuda beside a JAX GPU when PyTorch sees one); cuda
+    without a GPU PyTorch sees, or another name, is one line and exit status 2."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert "--torch_device must be one of auto, cpu, cuda" in _bad(
+        ["--model", sandwich, "--prompts", prompts, "--torch-device", "tpu"], capsys)
+    assert "--torch_device cuda: PyTorch sees no CUDA device" in _bad(
+        ["--model", sandwich, "--prompts", prompts, "--torch_device", "cuda"], capsys)
+    assert compare.resolve_torch_device("auto", "cuda") == "cpu"  # no GPU: the CPU
+    assert compare.resolve_torch_device("auto", "cpu") == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert compare.resolve_torch_device("auto", "cuda") == "cuda"
+    assert compare.resolve_torch_device("auto", "gpu") == "cuda"
+    assert compare.resolve_torch_device("auto", "tpu") == "cpu"
+    assert compare.resolve_torch_device("cpu", "cuda") == "cpu"
+    assert compare.resolve_torch_device("cuda", "cpu") == "cuda"
