@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import pathlib
 from typing import Any
 
 MODES = ("entropy", "left1")
@@ -18,6 +20,15 @@ ENGINE_NAMES = {"portable": "jax-xla-portable", "compiled": "jax-xla-compiled"}
 # JAX's persistent compilation cache on disk (the commands turn it on by default).
 DEFAULT_MAX_PROGRAMS = 32
 DEFAULT_COMPILATION_CACHE_BYTES = 4 * 10**9
+
+
+def default_compilation_cache_dir() -> pathlib.Path:
+    """Where the commands keep JAX's persistent compilation cache by default:
+    ``$XDG_CACHE_HOME/alodlm-jax/xla``, or ``~/.cache/alodlm-jax/xla`` when ``XDG_CACHE_HOME`` is
+    unset or not absolute (the XDG base directory rule)."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    root = pathlib.Path(base) if base and os.path.isabs(base) else pathlib.Path.home() / ".cache"
+    return root / "alodlm-jax" / "xla"
 
 
 class DecodeConfigError(ValueError):

@@ -2,8 +2,8 @@
 
 :class:`Generator` is what the generate and evaluate commands use::
 
-    gen = build_generator(model="path/or/hub-id", precision="fp32", device="cpu",
-                          decode_config=DecodeConfig(q=0.5, tau=0.4))
+    gen = build_generator(model="path/or/hub-id", precision="bf16",
+                          decode_config=DecodeConfig(q=0.4, tau=0.4))
     gen.generate_ids(gen.chat_prompt_ids("Return value one"))   # the §6.6 result dict
     gen.generate(formatted_prompt)   # evaluation: the prompt is tokenized verbatim
     gen.generate_batch([p1, p2])     # several verbatim prompts (compiled engine, batch_size > 1)
@@ -14,10 +14,12 @@ Importing this module does not touch Hugging Face's offline settings (MODEL_AND_
 
 from __future__ import annotations
 
+import os
 import pathlib
 from typing import Any, Iterator, Sequence
 
-from alodlm_jax.config import ENGINE_NAMES, ENGINES, DecodeConfig
+from alodlm_jax.config import (DEFAULT_ENGINE, ENGINE_NAMES, ENGINES, DecodeConfig,
+                               default_compilation_cache_dir)
 
 STOP_TOKEN_NAMES = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>")
 PRECISIONS = ("fp32", "bf16")
@@ -348,12 +350,18 @@ def check_task_prompts(generator: Generator, tasks: Sequence[Any]) -> None:
             raise TaskFileError(str(error), field="prompt", **where_is(tasks, index)) from None
 
 
-def build_generator(*, model: str, mesh=None, model_config: str | None = None, device: str = "cpu",
-                    precision: str = "fp32", decode_config: DecodeConfig | None = None,
-                    engine: str = "portable", compilation_cache_dir: str | None = None,
+def build_generator(*, model: str, mesh=None, model_config: str | None = None,
+                    device: str | None = None, precision: str = "fp32",
+                    decode_config: DecodeConfig | None = None, engine: str = DEFAULT_ENGINE,
+                    compilation_cache_dir: str | os.PathLike | bool | None = True,
                     batch_size: int = 1) -> Generator:
     """The one way to build a :class:`Generator` from a model name: every command, the harness,
-    sweeps and scale-out runs call it.
+    sweeps and scale-out runs call it. Its defaults are the commands' defaults: ``device`` None is
+    :func:`default_device` (a GPU when JAX sees one, a TPU on TPUs, else the CPU), the compiled
+    engine, fp32, the reference's decoding settings (``DecodeConfig()``), one task at a time, and
+    JAX's persistent compilation cache in the commands' directory
+    (``compilation_cache_dir=True``: :func:`alodlm_jax.config.default_compilation_cache_dir`; a
+    path: there; None or False: none).
 
     ``model``: a converted directory, an HF checkpoint directory or a Hub id. ``mesh``: None (one
     device: this process's first device of ``device``'s platform, the ordinary path, with per-layer
@@ -373,6 +381,12 @@ def build_generator(*, model: str, mesh=None, model_config: str | None = None, d
     from alodlm_jax import sharding
     from alodlm_jax.params import load_model, per_layer_weights
 
+    if device is None:
+        device = default_device()
+    if compilation_cache_dir is True:
+        compilation_cache_dir = str(default_compilation_cache_dir())
+    elif compilation_cache_dir is False:
+        compilation_cache_dir = None
     check_batch_size(engine, batch_size)
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")

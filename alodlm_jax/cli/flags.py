@@ -26,6 +26,8 @@ from typing import Callable, Iterator, Sequence
 
 from absl import flags
 
+from alodlm_jax.config import default_compilation_cache_dir  # noqa: F401 - re-exported
+
 __all__ = ["USER_ERRORS", "FlagError", "normalize_argv", "parse_flags", "run_command", "error_line",
            "first_line",
            "define_decode_flags", "decode_config_from_flags", "naming_decode_flags",
@@ -271,14 +273,6 @@ def code_scoring_from_flags(flag_values: flags.FlagValues) -> tuple[str, str]:
     if flag_values.code_verdicts == "strict" and flag_values.code_sandbox == "off":
         raise ValueError("--code_verdicts=strict needs the code sandbox (--code_sandbox=on)")
     return flag_values.code_sandbox, flag_values.code_verdicts
-
-
-def default_compilation_cache_dir() -> pathlib.Path:
-    """``$XDG_CACHE_HOME/alodlm-jax/xla``, or ``~/.cache/alodlm-jax/xla`` when ``XDG_CACHE_HOME``
-    is unset or not absolute (the XDG base directory rule)."""
-    base = os.environ.get("XDG_CACHE_HOME", "")
-    root = pathlib.Path(base) if base and os.path.isabs(base) else pathlib.Path.home() / ".cache"
-    return root / "alodlm-jax" / "xla"
 
 
 def define_compilation_flags(flag_values: flags.FlagValues) -> None:
