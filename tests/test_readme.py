@@ -51,10 +51,21 @@ def _kind(block: str) -> str:
 
 
 def _commands(block: str) -> list[list[str]]:
-    """The block's commands as argument lists (continuation lines joined, comments dropped)."""
+    """The block's commands as argument lists (continuation lines joined, comments dropped, the
+    block's own shell variables expanded as the shell would: ``NAME="..."`` then ``$NAME``)."""
     text = re.sub(r"\\\n", " ", block)
-    return [shlex.split(line, comments=True) for line in text.splitlines()
-            if line.strip() and not line.lstrip().startswith("#")]
+    variables: dict[str, str] = {}
+    commands = []
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        line = re.sub(r"\$(\w+)", lambda m: variables.get(m.group(1), m.group(0)), line)
+        argv = shlex.split(line, comments=True)
+        assignment = re.fullmatch(r"(\w+)=(.*)", argv[0], re.S)
+        if assignment and len(argv) == 1:
+            variables[assignment.group(1)] = assignment.group(2)
+        commands.append(argv)
+    return commands
 
 
 def test_the_readme_is_short_and_has_every_kind_of_block():
