@@ -90,7 +90,8 @@ def decode_part(sides, lengths) -> None:
 
         def pair(a, b):
             d = np.abs(h[a] - h[b])
-            return f"{d.max():.2g} ({(d / slope).max():.2g})"
+            logit = np.divide(d, slope, out=np.zeros_like(d), where=slope > 0)
+            return f"{d.max():.2g} ({logit.max():.2g})"
 
         same = ours.token_ids == one["token_ids"] == truth["token_ids"]
         print(f"  {length:5d} tokens: tokens identical {same}, median λ {np.median(h['fp64']):.3f}"
@@ -127,8 +128,8 @@ def layers_part(sides, lengths) -> None:
     print("layers: the first window's pass 0 from the reference's fp32 prefix cache, max |Δ|")
     for n in lengths:
         cache = _prefill(ref, prompt_of(n))
-        exact_cache = DepthCache({k: (a.double(), b.double()) for k, (a, b) in cache.entries.items()},
-                                 n)
+        exact_cache = DepthCache({key: (k.double(), v.double())
+                                  for key, (k, v) in cache.entries.items()}, n)
         pos = torch.arange(n, n + WINDOW)
         ins, outs, truth = [], [], []
         with torch.no_grad():
@@ -234,22 +235,30 @@ def budget_part(sides, lengths) -> None:
             print(f"  {n} tokens, prefix cache {name}: " + ", ".join(cells), flush=True)
 
 
+def blocked_values(probs, v, block: int = 256):
+    """The attention's ``probs [n_kv, rows, S] x v [S, n_kv, d_h]`` as partial sums over blocks
+    of ``block`` slots, then their sum (``S`` of at least two blocks; else the library's form)."""
+    import jax
+    import jax.numpy as jnp
+
+    if v.shape[0] < 2 * block or v.shape[0] % block:
+        return jnp.einsum("kqs,skd->kqd", probs, v, precision=jax.lax.Precision.HIGHEST,
+                          preferred_element_type=jnp.float32)
+    parts = jnp.einsum("kqbs,bskd->kqbd", probs.reshape(probs.shape[:2] + (-1, block)),
+                       v.reshape((-1, block) + v.shape[1:]), precision=jax.lax.Precision.HIGHEST,
+                       preferred_element_type=jnp.float32)
+    return parts.sum(axis=2)
+
+
 def dot_part(_sides, lengths) -> None:
     """The attention's probabilities times values over ``S`` slots alone: each form's relative
     RMS error against fp64, and its time (XLA:CPU, best of 5 runs of 20)."""
     import time
 
     import jax
-    import jax.numpy as jnp
     import torch
 
     from alodlm_jax import attention as A
-
-    def blocked(p, v, block=256):  # partial sums over blocks of slots, then their sum
-        parts = jnp.einsum("kqbs,bskd->kqbd", p.reshape(p.shape[:2] + (-1, block)),
-                           v.reshape((-1, block) + v.shape[1:]), precision=jax.lax.Precision.HIGHEST,
-                           preferred_element_type=jnp.float32)
-        return parts.sum(axis=2)
 
     def error(y, truth):
         y = np.asarray(y, np.float64)
@@ -275,7 +284,7 @@ def dot_part(_sides, lengths) -> None:
         v = rng.standard_normal((size, 3, 32)).astype(np.float32)
         truth = np.einsum("kqs,skd->kqd", p.astype(np.float64), v.astype(np.float64))
         theirs = torch.einsum("kqs,skd->kqd", torch.from_numpy(p), torch.from_numpy(v)).numpy()
-        ours, split = jax.jit(A._values), jax.jit(blocked)
+        ours, split = jax.jit(A._values), jax.jit(blocked_values)
         print(f"  S={size}: reference (torch) {error(theirs, truth):.2g} | ours "
               f"{error(ours(p, v), truth):.2g} in {best(ours, p, v) * 1e6:.0f} us | blocks of 256 "
               f"summed {error(split(p, v), truth):.2g} in {best(split, p, v) * 1e6:.0f} us",
@@ -288,14 +297,21 @@ def main(argv=None) -> int:
     parser.add_argument("--parts", nargs="+", choices=["decode", "layers", "budget", "dot"],
                         default=["decode", "layers", "budget"])
     parser.add_argument("--seed", type=int, default=1, help="the checkpoint's seed (default 1)")
+    parser.add_argument("--blocked-values", action="store_true",
+                        help="an experiment: our side with the attention's probabilities times "
+                             "values as partial sums over blocks of 256 slots (blocked_values), "
+                             "not the library's form")
     args = parser.parse_args(argv)
     if any(not 1 <= n <= 2048 - 96 for n in args.lengths):
         parser.error("--lengths must be in [1, 1952] (the case's context is 2,048 positions)")
     import transformers
 
+    from alodlm_jax import attention
     from alodlm_jax.testing.tiny_checkpoint import build_tiny_checkpoint
 
     transformers.logging.set_verbosity_error()
+    if args.blocked_values:
+        attention._values = blocked_values
     with tempfile.TemporaryDirectory() as tmp:
         path = build_tiny_checkpoint(pathlib.Path(tmp) / "case", case_spec(args.seed))
         sides = load_sides(path)
