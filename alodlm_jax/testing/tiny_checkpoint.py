@@ -73,6 +73,9 @@ class TinySpec:
     gate_scale: float = 1.0
     # Perturbs RMSNorm weights away from 1 so that parity tests exercise them.
     norm_jitter: float = 0.1
+    # The standard deviation of the random weights (transformers' ``initializer_range``; 0.02 is
+    # its default).
+    init_std: float = 0.02
     max_shard_size: str | None = None  # e.g. "20KB" for a sharded checkpoint with an index
 
     @staticmethod
@@ -132,6 +135,7 @@ def build_tiny_checkpoint(out_dir: str | pathlib.Path, spec: TinySpec | None = N
         max_position_embeddings=spec.max_position_embeddings,
         rms_norm_eps=1e-6,
         rope_theta=spec.rope_theta,
+        initializer_range=spec.init_std,
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=0,
