@@ -45,8 +45,8 @@ flags.DEFINE_integer("step_budget", None, "Most steps (one recurrent pass of eve
                      "request) of one batch program execution before the server admits arrivals "
                      "and streams committed text. Default: the model's maximum depth (the most "
                      "passes of one window).", lower_bound=1, flag_values=FLAGS)
-flags.DEFINE_integer("max_waiting", 64, "Most requests waiting for a slot; beyond, 429 with "
-                     "Retry-After.", lower_bound=0, flag_values=FLAGS)
+flags.DEFINE_integer("max_waiting", 64, "Most requests waiting for a slot while every slot is "
+                     "taken; beyond, 429 with Retry-After.", lower_bound=0, flag_values=FLAGS)
 flags.DEFINE_float("drain_seconds", 30.0, "On SIGTERM, the most seconds spent finishing the "
                    "requests that are running.", lower_bound=0.0, flag_values=FLAGS)
 flags.DEFINE_enum("log_level", "warning", ["critical", "error", "warning", "info", "debug"],
@@ -88,7 +88,8 @@ def _serve() -> int:
           f"{max_prompt} tokens) on {device}", file=sys.stderr, flush=True)
     loop = EngineLoop(generator.engine, batch_size=FLAGS.batch_size, max_prompt_tokens=max_prompt,
                       step_budget=FLAGS.step_budget or cfg.max_depth,
-                      max_waiting=FLAGS.max_waiting, on_change=metrics.slots)
+                      max_waiting=FLAGS.max_waiting, on_change=metrics.slots,
+                      on_finished=metrics.finished)
     loop.start()
     server = Server(generator=generator, loop=loop, model_name=FLAGS.served_model_name
                     or model_name(FLAGS.model), max_prompt_tokens=max_prompt, api_key=api_key,

@@ -274,9 +274,6 @@ class _Run:
         self.done = True
         metrics = self.server.metrics
         metrics.latency.observe(time.monotonic() - self.job.arrived)
-        metrics.tokens.inc(len(self.tracker.ids))
-        if payload is not None and payload.token_ids:
-            metrics.passes.observe(payload.recurrent_passes / len(payload.token_ids))
         return kind, payload
 
     async def finish(self):

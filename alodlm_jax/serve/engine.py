@@ -67,18 +67,22 @@ class EngineLoop:
 
     ``engine``: a :class:`~alodlm_jax.decode.compiled.CompiledEngine`; ``max_prompt_tokens``
     fixes the bucket; ``step_budget``: the most steps of one batch execution; ``max_waiting``: the
-    most requests waiting for a slot (:class:`QueueFull` beyond). ``on_change(waiting, running)``
-    is called whenever they change (metrics). Construction compiles both programs.
+    most requests waiting for a slot when every slot is taken (:class:`QueueFull` beyond).
+    ``on_change(waiting, running)`` is called whenever they change, ``on_finished(output)`` with
+    every request's :class:`~alodlm_jax.decode.result.DecodeOutput` (partial for a cancelled
+    one; metrics). Construction compiles both programs.
     """
 
     def __init__(self, engine, *, batch_size: int, max_prompt_tokens: int, step_budget: int,
-                 max_waiting: int, on_change: Callable[[int, int], None] | None = None):
+                 max_waiting: int, on_change: Callable[[int, int], None] | None = None,
+                 on_finished: Callable[[object], None] | None = None):
         self.engine = engine
         self.bucket = engine.bucket_for(max_prompt_tokens, batch=batch_size)
         self.max_prompt_tokens = max_prompt_tokens
         self.step_budget = step_budget
         self.max_waiting = max_waiting
         self._on_change = on_change or (lambda waiting, running: None)
+        self._on_finished = on_finished or (lambda output: None)
         self._run, self._admit = batched.compile_batch(engine, self.bucket)
         self._consts = engine.layout.place(engine.consts(step_budget))
         self._waiting: collections.deque[Request] = collections.deque()
@@ -102,8 +106,10 @@ class EngineLoop:
         with self._cond:
             if not self._accepting:
                 raise Stopped("the server is shutting down")
-            if len(self._waiting) >= self.max_waiting:
-                raise QueueFull(f"{len(self._waiting)} requests are waiting (--max_waiting)")
+            pending = len(self._waiting) + sum(r is not None for r in self._occupant)
+            if pending >= self.bucket.batch + self.max_waiting:
+                raise QueueFull(f"every slot is taken and {len(self._waiting)} requests are "
+                                "waiting (--max_waiting)")
             self._waiting.append(request)
             self._changed()
             self._cond.notify()
@@ -244,6 +250,7 @@ class EngineLoop:
         out = W.decode_output(self.engine.cfg, one, len(request.prompt_ids), 0.0, 0.0)
         with self._cond:
             self._occupant[b] = None
+        self._on_finished(out)
         request.notify("done", out)
 
     def _release_cancelled(self) -> None:

@@ -17,7 +17,8 @@ class Metrics:
                                 ["endpoint", "status"], registry=r)
         self.waiting = Gauge("alodlm_requests_waiting", "Requests waiting for a slot.", registry=r)
         self.running = Gauge("alodlm_requests_running", "Requests decoding in a slot.", registry=r)
-        self.tokens = Counter("alodlm_generated_tokens", "Tokens generated (completion tokens).",
+        self.tokens = Counter("alodlm_generated_tokens", "Tokens the engine decoded (a "
+                              "cancelled request's included).",
                               registry=r)
         self.ttft = Histogram("alodlm_time_to_first_token_seconds", "Seconds from a request's "
                               "arrival to its first committed token.", buckets=_LATENCY_BUCKETS,
@@ -29,6 +30,12 @@ class Metrics:
                                 "passes divided by its generated tokens.",
                                 buckets=(0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4, 6, 8, 12, 16, 32),
                                 registry=r)
+
+    def finished(self, output) -> None:
+        """A request's decoding ended (a cancelled one's partial output included)."""
+        self.tokens.inc(len(output.token_ids))
+        if output.token_ids:
+            self.passes.observe(output.recurrent_passes / len(output.token_ids))
 
     def slots(self, waiting: int, running: int) -> None:
         self.waiting.set(waiting)
