@@ -21,8 +21,11 @@ from alodlm_jax.data import BUILTINS  # noqa: E402
 
 TINY = str(BUILTINS["builtin:tiny"])
 MODEL = "tiny_checkpoint"  # the served name of builtin:tiny
-# The decoding settings of every server here (builtin:tiny has 128 positions).
-DECODE = dict(window_size=4, max_new_tokens=24, q=0.5, tau=0.4)
+# The decoding settings and shapes of every server here (builtin:tiny has 128 positions): one set
+# of programs, compiled by the first server and read from the compilation cache (the suite's
+# XDG_CACHE_HOME) by the others.
+DECODE = dict(window_size=4, max_new_tokens=96, q=0.5, tau=0.4)
+SHAPES = ("--batch_size=2", "--max_prompt_tokens=32")
 
 
 def free_port() -> int:
@@ -58,7 +61,7 @@ def start(tmp_path, *extra: str, decode=DECODE, env=None, timeout: float = 600) 
     port = free_port()
     log = str(tmp_path / f"serve-{port}.log")
     args = [sys.executable, "-c", "from alodlm_jax.cli.serve import run; run()", "--model", TINY,
-            "--port", str(port), *(f"--{k}={v}" for k, v in decode.items()), *extra]
+            "--port", str(port), *(f"--{k}={v}" for k, v in decode.items()), *SHAPES, *extra]
     with open(log, "w") as out:
         process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
                                    env={**os.environ, **(env or {})})

@@ -13,19 +13,21 @@ import pytest
 
 from .conftest import DECODE, MODEL, TINY
 
-SERVER_FLAGS = ("--batch_size=3", "--max_prompt_tokens=48", "--max_waiting=16")
+SERVER_FLAGS = ("--max_waiting=16",)
 
 TEXTS = ["hello world", "Return value one", "a b c d e f g h i j k l", "x",
-         "the quick brown fox jumps over the lazy dog twice over", "t3 t4 t5"]
-IDS = [[5, 6, 7, 8, 9, 10, 11], [9, 9, 9], list(range(13, 40)), [7]]
+         "the quick brown fox jumps", "t3 t4 t5"]
+IDS = [[5, 6, 7, 8, 9, 10, 11], [9, 9, 9], list(range(13, 29)), [7]]
 
 
 @pytest.fixture(scope="module")
 def reference(server):  # after the server started: this process loads JAX only now
+    from alodlm_jax.cli.flags import default_compilation_cache_dir
     from alodlm_jax.config import DecodeConfig
     from alodlm_jax.generate import build_generator
 
-    return build_generator(model=TINY, decode_config=DecodeConfig(**DECODE), engine="compiled")
+    return build_generator(model=TINY, decode_config=DecodeConfig(**DECODE), engine="compiled",
+                           compilation_cache_dir=str(default_compilation_cache_dir()))
 
 
 def extra(response) -> dict:
@@ -131,8 +133,8 @@ BAD = [
     ({"model": "gpt-4", "prompt": "x"}, 404, "gpt-4"),
     ({"model": MODEL, "prompt": "word " * 60}, 400, "max_prompt_tokens"),
     ({"model": MODEL, "prompt": [99, 1]}, 400, "[0, 64)"),
-    ({"model": MODEL, "prompt": "x", "max_tokens": 25}, 400, "budget 24"),
-    ({"model": MODEL, "prompt": "x", "max_tokens": 5}, 400, "the server's 24"),
+    ({"model": MODEL, "prompt": "x", "max_tokens": 97}, 400, "budget 96"),
+    ({"model": MODEL, "prompt": "x", "max_tokens": 5}, 400, "the server's 96"),
     ({"model": MODEL, "prompt": "x", "n": 2}, 400, "n must be 1"),
     ({"model": MODEL, "prompt": "x", "logprobs": 1}, 400, "logprobs"),
     ({"model": MODEL, "prompt": "x", "temperature": 0.7}, 400, "greedy"),
