@@ -135,7 +135,8 @@ class EngineLoop:
                 self._cond.wait(0.1 if left is None else min(left, 0.1))
             self._stop = True
             self._cond.notify()
-        self._thread.join(timeout=None if deadline is None else max(1.0, deadline - time.monotonic()))
+        if self._thread.ident is not None:  # started
+            self._thread.join(None if deadline is None else max(1.0, deadline - time.monotonic()))
         return not self._thread.is_alive()
 
     @property
