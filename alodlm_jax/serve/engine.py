@@ -167,7 +167,7 @@ class EngineLoop:
         """Empty slots and a fresh cache (at start, and after an engine error)."""
         _, self._cache = self.engine.take_cache(self.bucket, batched=True)
         self._carry = scheduler.empty_slots(self.engine, self.bucket)
-        self._host = None  # the slots' DecodeState on the host after the last execution
+        self._host = None  # the slots' DecodeState on the host, read after an execution
 
     def _serve(self) -> None:
         try:
@@ -232,21 +232,25 @@ class EngineLoop:
         self._cache, self._carry = self._run(engine.params, self._cache, self._carry,
                                              self._consts, layout.place(jnp.asarray(stop_early)))
         self.executions += 1
-        self._host = host = jax.device_get(self._carry.dstate)
+        self._host = None  # the whole state is read back only when a request ends
+        d = self._carry.dstate
+        finished, generated, tokens = jax.device_get((d.finished, d.num_generated, d.out_tokens))
         for b, request in enumerate(self._occupant):
             if request is None:
                 continue
             self._ran[b] = True
-            n = int(host.num_generated[b])
+            n = int(generated[b])
             if n > self._sent[b]:
                 self._sent[b] = n
-                request.notify("tokens", np.asarray(host.out_tokens[b, :n]).tolist())
-            if bool(host.finished[b]):
+                request.notify("tokens", np.asarray(tokens[b, :n]).tolist())
+            if bool(finished[b]):
                 self._finish(b)
         self._release_cancelled()
 
     def _finish(self, b: int) -> None:
         request = self._occupant[b]
+        if self._host is None:  # the slots' state after the last execution, on the host
+            self._host = jax.device_get(self._carry.dstate)
         one = jax.tree_util.tree_map(lambda x: x[b], self._host)
         out = W.decode_output(self.engine.cfg, one, len(request.prompt_ids), 0.0, 0.0)
         with self._cond:
