@@ -10,7 +10,8 @@ first request to the last answer), its latency and time to first token (p50, p99
 the request to its last / first streamed text), evaluate's throughput (its summary's generated
 tokens over its generation wall time: loading and compiling excluded, as the server's startup is),
 their ratio, and whether every prompt's token ids agree. Both sides use the same decoding flags;
-the server is started and warmed up (one request) before the clock starts.
+the server is started and warmed up (one request) before the clock starts. Each side runs
+--rounds times (rounds over the prompts against one server; evaluate runs) and reports its median.
 """
 
 from __future__ import annotations
@@ -66,10 +67,6 @@ def serve(args, prompts, decode_flags):
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
         model = client.models.list().data[0].id
         client.completions.create(model=model, prompt=prompts[0])  # warm-up
-        work: queue.Queue = queue.Queue()
-        for i, prompt in enumerate(prompts):
-            work.put((i, prompt))
-
         def worker():
             done = []
             while True:
@@ -88,10 +85,17 @@ def serve(args, prompts, decode_flags):
                 ids = last.model_dump()["choices"][0]["alodlm"]["token_ids"]
                 done.append((i, ids, (first or end) - t0, end - t0))
 
-        start = time.perf_counter()
-        with concurrent.futures.ThreadPoolExecutor(args.clients) as pool:
-            results = [r for rs in pool.map(lambda _: worker(), range(args.clients)) for r in rs]
-        wall = time.perf_counter() - start
+        rounds = []
+        for _ in range(args.rounds):
+            work: queue.Queue = queue.Queue()
+            for i, prompt in enumerate(prompts):
+                work.put((i, prompt))
+            start = time.perf_counter()
+            with concurrent.futures.ThreadPoolExecutor(args.clients) as pool:
+                results = [r for rs in pool.map(lambda _: worker(), range(args.clients))
+                           for r in rs]
+            rounds.append((time.perf_counter() - start, results))
+        wall, results = sorted(rounds, key=lambda r: r[0])[len(rounds) // 2]  # the median round
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(120)
@@ -106,6 +110,12 @@ def serve(args, prompts, decode_flags):
 
 
 def evaluate(args, task_file, decode_flags):
+    runs = sorted((_evaluate_once(args, task_file, decode_flags) for _ in range(args.rounds)),
+                  key=lambda run: run[0]["seconds"])
+    return runs[len(runs) // 2]  # the median run
+
+
+def _evaluate_once(args, task_file, decode_flags):
     with tempfile.TemporaryDirectory() as out:
         subprocess.run([sys.executable, "-c", COMMAND.format("evaluate"), "--model", args.model,
                         "--input", task_file, "--output", out, f"--batch_size={args.clients}",
@@ -127,6 +137,8 @@ def main() -> None:
     parser.add_argument("--window_size", type=int, default=4)
     parser.add_argument("--max_new_tokens", type=int, default=64)
     parser.add_argument("--max_prompt_tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds over the prompts (the "
+                        "server) and evaluate runs; each side's median is reported")
     args = parser.parse_args()
     from alodlm_jax.data import resolve_builtin
 
@@ -138,6 +150,7 @@ def main() -> None:
     batch, evaluated = evaluate(args, task_file, decode_flags)
     same = all(served[i] == evaluated[i] for i in range(len(prompts)))
     print(json.dumps({"model": args.model, "prompts": len(prompts), "clients": args.clients,
+                      "rounds": args.rounds,
                       "cpus": os.cpu_count(), "server": server, "evaluate": batch,
                       "throughput_ratio": round(server["tokens_per_second"]
                                                 / batch["tokens_per_second"], 3),
