@@ -84,7 +84,7 @@ def _serve() -> int:
     from alodlm_jax.serve.metrics import Metrics
 
     metrics = Metrics()
-    print(f"{PROG}: compiling the batch programs ({FLAGS.batch_size} slots, prompts up to "
+    print(f"{PROG}: compiling the batch programs ({FLAGS.batch_size} slot(s), prompts up to "
           f"{max_prompt} tokens) on {device}", file=sys.stderr, flush=True)
     loop = EngineLoop(generator.engine, batch_size=FLAGS.batch_size, max_prompt_tokens=max_prompt,
                       step_budget=FLAGS.step_budget or cfg.max_depth,
