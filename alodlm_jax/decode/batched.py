@@ -244,20 +244,26 @@ def run_program(params, cache, slots, consts, stop_early, *, cfg, window_size, m
                 shapes=R.BUCKETED):
     """Steps (:func:`batch_step`) of one pass per live request; with ``stop_early`` it returns
     after the step in which a request that was live at entry finishes (so the host can admit a
-    waiting one). ``shapes``: the :mod:`alodlm_jax.rows` policy."""
+    waiting one), and in any case after ``consts["step_budget"]`` steps (so that a server admits
+    a request that arrives while no slot finishes, and streams what committed). Returning early
+    moves no token: the next execution continues from the carry, step for step.
+    ``shapes``: the :mod:`alodlm_jax.rows` policy."""
     W.TRACE_COUNTS["batch"] += 1
     entry_live = ~slots.dstate.finished
+    budget = consts["step_budget"]
 
     def keep_going(carry):
         finished = carry[1].dstate.finished
         someone_done = jnp.any(entry_live & finished)
-        return jnp.any(~finished) & ~(stop_early & someone_done)
+        return jnp.any(~finished) & ~(stop_early & someone_done) & (carry[2] < budget)
 
     def step(carry):
-        return batch_step(params, *carry, consts, cfg=cfg, window_size=window_size, mode=mode,
-                          shapes=shapes)
+        cache, slots = batch_step(params, carry[0], carry[1], consts, cfg=cfg,
+                                  window_size=window_size, mode=mode, shapes=shapes)
+        return cache, slots, carry[2] + 1
 
-    return jax.lax.while_loop(keep_going, step, (cache, slots))
+    cache, slots, _ = jax.lax.while_loop(keep_going, step, (cache, slots, jnp.int32(0)))
+    return cache, slots
 
 
 def admit_program(params, cache, slots, slot, prompt, prompt_len, consts, *, cfg, window_size,

@@ -164,9 +164,10 @@ class CompiledEngine:
 
     # -- inputs ------------------------------------------------------------------------------
 
-    def consts(self) -> dict[str, jax.Array]:
-        """The runtime decoding inputs shared by every request (:func:`.window.consts`)."""
-        return W.consts(self.decode, self.stop_ids)
+    def consts(self, step_budget: int = W.NO_STEP_BUDGET) -> dict[str, jax.Array]:
+        """The runtime decoding inputs shared by every request (:func:`.window.consts`;
+        ``step_budget``: the batch program's, none by default)."""
+        return W.consts(self.decode, self.stop_ids, step_budget)
 
     def bucket_for(self, prompt_len: int, batch: int = 1) -> Bucket:
         multiple = R.FIXED_SLOT_MULTIPLE if R.is_fixed(self.shapes) else None
@@ -281,20 +282,24 @@ class CompiledEngine:
     # -- several requests --------------------------------------------------------------------
 
     def generate_batch(self, prompts: Sequence[Sequence[int]], *, batch_size: int | None = None,
-                       text: Callable[[list[int]], str] | None = None) -> list:
+                       text: Callable[[list[int]], str] | None = None,
+                       step_budget: int = W.NO_STEP_BUDGET) -> list:
         """Decodes ``prompts`` with ``batch_size`` slots and continuous batching (see
         :mod:`.batched`); outputs in input order.
 
         Returns :class:`DecodeOutput` objects, or §6.6 result dicts when ``text`` (token ids ->
         decoded text) is given. Each output equals decoding the prompt alone; its timings follow
-        :data:`.scheduler.BATCH_TIMING`.
+        :data:`.scheduler.BATCH_TIMING`. ``step_budget``: the most steps of one batch program
+        execution (:func:`.batched.run_program`; the outputs do not depend on it).
         """
-        outs = self.generate_stream(prompts, batch_size=batch_size)
+        outs = self.generate_stream(prompts, batch_size=batch_size, step_budget=step_budget)
         if text is None:
             return list(outs)
         return [result_dict(out, text(out.token_ids)) for out in outs]
 
-    def generate_stream(self, prompts: Sequence[Sequence[int]], *, batch_size: int | None = None):
+    def generate_stream(self, prompts: Sequence[Sequence[int]], *, batch_size: int | None = None,
+                        step_budget: int = W.NO_STEP_BUDGET):
         """:meth:`generate_batch` as an iterator: each output as soon as it and every earlier one
         are complete (an evaluation writes each row then)."""
-        return scheduler.generate_stream(self, prompts, batch_size or self.batch_size)
+        return scheduler.generate_stream(self, prompts, batch_size or self.batch_size,
+                                         step_budget=step_budget)

@@ -38,8 +38,11 @@ def empty_slots(engine, bucket: W.Bucket) -> Slots:
     return engine.layout.place(slots, engine.layout.slots_shardings(slots))
 
 
-def generate_stream(engine, prompts: Sequence[Sequence[int]], batch_size: int) -> Iterator[DecodeOutput]:
+def generate_stream(engine, prompts: Sequence[Sequence[int]], batch_size: int, *,
+                    step_budget: int = W.NO_STEP_BUDGET) -> Iterator[DecodeOutput]:
     """Decodes ``prompts`` with ``batch_size`` slots and continuous batching (module docstring).
+    ``step_budget``: the most steps one batch program execution runs before the host looks again
+    (:func:`.batched.run_program`); the outputs do not depend on it.
 
     Yields :class:`DecodeOutput` objects in input order, each as soon as it and all earlier ones
     are complete. One program bucket (from the longest prompt) serves the whole stream.
@@ -52,7 +55,7 @@ def generate_stream(engine, prompts: Sequence[Sequence[int]], batch_size: int) -
     bucket = engine.bucket_for(max(len(p) for p in checked), batch=batch_size)
     run, admit = batched.compile_batch(engine, bucket)
     layout = engine.layout
-    consts = layout.place(engine.consts())
+    consts = layout.place(engine.consts(step_budget))
     params = engine.params
     key, cache = engine.take_cache(bucket, batched=True)
     carry = empty_slots(engine, bucket)

@@ -100,14 +100,26 @@ class Bucket:
 # ---------------------------------------------------------------------------------------------
 
 
-def consts(decode: DecodeConfig, stop_ids: Sequence[int]) -> dict[str, jax.Array]:
-    """The runtime decoding inputs shared by every request of one decoding configuration."""
+# The batch program's step budget when none is asked for: it runs until a request finishes.
+NO_STEP_BUDGET = 2**31 - 1
+
+
+def consts(decode: DecodeConfig, stop_ids: Sequence[int],
+           step_budget: int = NO_STEP_BUDGET) -> dict[str, jax.Array]:
+    """The runtime decoding inputs shared by every request of one decoding configuration.
+
+    ``step_budget``: the most steps one execution of the batch program runs before it returns to
+    the host (:func:`.batched.run_program`; the server's online admission and streaming); the
+    other programs do not read it. It moves no token: the program resumes from its carry."""
+    if not 1 <= int(step_budget) <= NO_STEP_BUDGET:
+        raise ValueError(f"step_budget must be in [1, {NO_STEP_BUDGET}], got {step_budget!r}")
     return {
         "max_new_tokens": jnp.asarray(decode.max_new_tokens, jnp.int32),
         "stop_ids": S.stop_id_vector(stop_ids, STOP_ID_SLOTS),
         "penalty": jnp.asarray(decode.effective_position_penalty, jnp.float32),
         "q": jnp.asarray(decode.q, jnp.float32),
         "tau": jnp.asarray(decode.tau, jnp.float32),
+        "step_budget": jnp.asarray(step_budget, jnp.int32),
     }
 
 

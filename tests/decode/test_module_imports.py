@@ -22,7 +22,8 @@ FLOORS = (
                      "matmul_kernel", "params", "sharding")),
     ("decoding", ("decode",)),
     ("the generator", ("generate", "analysis", "plan", "testing.aot_gpu")),
-    ("front ends", ("cli", "harness", "report", "compare", "distributed", "torch_reference")),
+    ("front ends", ("cli", "harness", "report", "compare", "distributed", "torch_reference",
+                    "serve")),
 )
 
 

@@ -222,3 +222,21 @@ def test_the_admit_program_compiles_beside_the_batch_program(checkpoints, monkey
     monkeypatch.setattr(engine, "get_executable", meeting)
     _assert_same(reference, engine.generate_batch(PROMPTS[:2]))
     assert sorted(compiled) == ["admit", "batch"]
+
+
+def test_a_step_budget_moves_no_token(checkpoints):
+    """With a step budget the batch program returns to the host every few steps (the server's
+    online admission and streaming) and the next execution continues from its carry: every output
+    equals the unbudgeted batch's, a budget of one step (a return after every pass) included."""
+    engine = _engine(checkpoints, batch_size=2)
+    singles = [engine.generate(p) for p in PROMPTS]
+    before = TRACE_COUNTS["batch"]
+    whole = engine.generate_batch(PROMPTS)
+    for budget in (1, 3):
+        budgeted = engine.generate_batch(PROMPTS, step_budget=budget)
+        assert [_exact(o) for o in budgeted] == [_exact(o) for o in whole]
+        _assert_same(singles, budgeted)
+        assert engine.last_live_steps == {i: s.recurrent_passes for i, s in enumerate(singles)}
+    assert TRACE_COUNTS["batch"] - before <= 1  # the budget is an operand: one program
+    with pytest.raises(ValueError, match="step_budget"):
+        engine.consts(step_budget=0)
