@@ -11,7 +11,7 @@ in where the keys and values lie:
   as two blocks of one softmax (the window forwards, which only read the cache);
 * :func:`attend_in_copy`: one request's prefix read into a copy with its window written in, then
   :func:`attend` (the :data:`~alodlm_jax.rows.FIXED` batch step); :func:`attend_in_order` runs it
-  for in-order lanes, :func:`kernel_attention` in :mod:`alodlm_jax.window_kernel`'s Pallas kernel
+  for in-order lanes, :func:`kernel_attention` in :mod:`alodlm_jax.kernels.window`'s Pallas kernel
   where the platform has one.
 
 Slots no row sees get zero values, so a request's outputs depend only on the slots it wrote and
@@ -148,22 +148,16 @@ def attend_in_order(q, k, v, k_all, v_all, layer, depth, start, *, size: int):
 
 
 def kernel_attention(q, k, v, k_all, v_all, layer, depth, start, *, size: int):
-    """:func:`attend_in_order` by :mod:`alodlm_jax.window_kernel`, chosen by the platform the
+    """:func:`attend_in_order` by :mod:`alodlm_jax.kernels.window`, chosen by the platform the
     program is lowered for: the Mosaic kernel on a TPU, the Triton one on an NVIDIA GPU (each
     where it supports the shapes), the TPU's in Pallas's interpreter on the CPU (tests), and
     :func:`attend_in_order` itself elsewhere."""
-    from alodlm_jax import window_kernel as WK
+    from alodlm_jax.kernels import select
 
     def xla(*operands):
         return attend_in_order(*operands, size=size)
 
-    def on(backend, interpret=False):
-        shape = dict(slots=k_all.shape[-3], n_kv=k.shape[-2], head_dim=k.shape[-1],
-                     rows=q.shape[1], group=q.shape[2] // k.shape[2], dtype=k_all.dtype)
-        if interpret or WK.supported(backend, **shape):
-            return functools.partial(WK.window_attention, backend=backend, interpret=interpret)
-        return xla
-
+    shape = dict(slots=k_all.shape[-3], n_kv=k.shape[-2], head_dim=k.shape[-1],
+                 rows=q.shape[1], group=q.shape[2] // k.shape[2], dtype=k_all.dtype)
     return jax.lax.platform_dependent(q, k, v, k_all, v_all, layer, depth, start,
-                                      tpu=on("tpu"), cuda=on("gpu"),
-                                      cpu=on("tpu", interpret=True), default=xla)
+                                      **select.window_attention_forms(shape, xla))

@@ -65,6 +65,7 @@ from jax.custom_batching import custom_vmap
 
 from alodlm_jax import attention as A
 from alodlm_jax import rows as R
+from alodlm_jax.kernels import select
 
 if TYPE_CHECKING:  # pragma: no cover
     from alodlm_convert.config import ModelConfig
@@ -241,7 +242,7 @@ def _qkv(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax.Array,
          kernel: bool = False):
     """A layer's queries, keys and values ``[T, n, d_h]`` (norms and RoPE applied). ``kernel``
     (:data:`~alodlm_jax.rows.KERNEL`, one device): on an NVIDIA GPU where they apply, the heads'
-    norms and RoPE in one Triton kernel (:mod:`alodlm_jax.head_norm_kernel`) after the products
+    norms and RoPE in one Triton kernel (:mod:`alodlm_jax.kernels.head_norm`) after the products
     (:func:`_qkv_projections`: for a window of few rows, the input norm and the three products in
     another); XLA's form elsewhere."""
     a = rms_norm(h, lp["input_norm"], eps)
@@ -257,10 +258,9 @@ def _qkv(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax.Array,
 
     (_, n_q, d_h), n_kv = lp["q"].shape, lp["k"].shape[1]
     rows = h.shape[0]
-    if kernel:  # Pallas's Triton module, imported only where a program may run the kernel
-        from alodlm_jax import head_norm_kernel as HK
-    if not (kernel and HK.supported((rows, n_q, d_h), (rows, n_kv, d_h), a.dtype)):
+    if not (kernel and select.head_norm(rows, n_q, n_kv, d_h, a.dtype)):
         return xla()
+    from alodlm_jax.kernels import head_norm as HK  # Pallas's Triton module: only where it may run
 
     def in_kernels(h):  # the products, then the heads' norms in one kernel where XLA:GPU makes 4
         return HK.norm_rope(_qkv_projections(lp, eps, h), n_q, n_kv, lp["q_norm"], lp["k_norm"],
@@ -274,7 +274,7 @@ def _attention_out_and_mlp(lp: Params, eps: float, h: jax.Array, attn: jax.Array
     """The rest of a layer after attention: output projection + residual, then the SwiGLU MLP.
     ``kernel`` (:data:`~alodlm_jax.rows.KERNEL`, one device): on an NVIDIA GPU, for a window of
     few rows, each product with its norm or residual add in one Triton kernel
-    (:mod:`alodlm_jax.matmul_kernel`); XLA's form elsewhere."""
+    (:mod:`alodlm_jax.kernels.matmul`); XLA's form elsewhere."""
     # The output projection as one [T, n_q*d_h] x [n_q*d_h, H] product (a reshape of the kernel, no
     # copy). Written as "tnd,ndh->th", XLA:CPU transposed the whole [n_q, d_h, H] kernel on every
     # call (7 % of a pass of the 1 GB bench model).
@@ -290,14 +290,11 @@ def _attention_out_and_mlp(lp: Params, eps: float, h: jax.Array, attn: jax.Array
         mlp = gate * _mm("th,hi->ti", b, lp["up_proj"])
         return h + _mm("ti,ih->th", mlp, lp["down_proj"])
 
-    if kernel:  # Pallas's Triton module, imported only where a program may run the kernels
-        from alodlm_jax import matmul_kernel as MK
     rows, hidden = h.shape
     inner = lp["down_proj"].shape[0]
-    if not (kernel and MK.supported(rows, attn.shape[1], (hidden,), h.dtype)
-            and MK.supported(rows, hidden, (inner,), h.dtype)
-            and MK.supported(rows, inner, (hidden,), h.dtype)):
+    if not (kernel and select.out_and_mlp(rows, attn.shape[1], hidden, inner, h.dtype)):
         return xla(h, attn)
+    from alodlm_jax.kernels import matmul as MK  # Pallas's Triton module: only where it may run
 
     def in_kernels(h, attn):  # three kernels where XLA:GPU makes seven
         h = MK.matmul_residual(attn, o, h)
@@ -425,27 +422,23 @@ def _window_layer(lp: Params, eps: float, h: jax.Array, cos: jax.Array, sin: jax
 def _normed_attention(lp: Params, h: jax.Array, k_all: jax.Array, rows: int) -> bool:
     """Whether a window layer under the kernel policy may hand its q/k/v products to the
     attention kernel as they are, which then applies the heads' norms and RoPE itself, on an
-    NVIDIA GPU (:func:`~alodlm_jax.window_kernel.window_attention_qkv`): 16-bit activations and
-    cache (K's and V's share a dtype), heads :func:`~alodlm_jax.window_kernel.norm_rope_supported`
+    NVIDIA GPU (:func:`~alodlm_jax.kernels.window.window_attention_qkv`): 16-bit activations and
+    cache (K's and V's share a dtype), heads :func:`~alodlm_jax.kernels.window.norm_rope_supported`
     and shapes the GPU attention kernel takes (``rows``: a request's window rows), any number of
-    requests; unless :data:`~alodlm_jax.window_kernel.NORMS_IN_ATTENTION` is off. (Pallas's
-    Triton modules are imported only where a program may run them.)"""
-    from alodlm_jax import window_kernel as WK
+    requests; unless :data:`~alodlm_jax.kernels.window.NORMS_IN_ATTENTION` is off
+    (:func:`alodlm_jax.kernels.select.normed_attention`)."""
     n_q, d_h = lp["q"].shape[1:]
     n_kv = lp["k"].shape[1]
-    return (WK.NORMS_IN_ATTENTION and h.dtype == k_all.dtype
-            and WK.norm_rope_supported(n_q, n_kv, d_h, h.dtype)
-            and WK.supported("gpu", slots=k_all.shape[-3], n_kv=n_kv, head_dim=d_h, rows=rows,
-                             group=n_q // n_kv, dtype=k_all.dtype))
+    return select.normed_attention(n_q, n_kv, d_h, h.dtype, k_all.dtype, k_all.shape[-3], rows)
 
 
 def _qkv_projections(lp: Params, eps: float, h: jax.Array) -> jax.Array:
     """The input norm and the q/k/v products of ``h [T, H]`` as one array ``[T, n_q + 2 n_kv,
     d_h]`` (the heads of q, k, v in that order), on an NVIDIA GPU: in one kernel where
-    :func:`alodlm_jax.matmul_kernel.supported` says so, else XLA's products side by side."""
-    from alodlm_jax import matmul_kernel as MK
+    :func:`alodlm_jax.kernels.select.qkv_products` says so, else XLA's products side by side."""
+    from alodlm_jax.kernels import matmul as MK
     (hidden, n_q, d_h), n_kv = lp["q"].shape, lp["k"].shape[1]
-    if MK.supported(h.shape[0], hidden, (n_q * d_h, n_kv * d_h, n_kv * d_h), h.dtype):
+    if select.qkv_products(h.shape[0], hidden, n_q, n_kv, d_h, h.dtype):
         return MK.norm_matmul(h, lp["input_norm"], [lp[n].reshape(hidden, -1) for n in "qkv"],
                               eps).reshape(h.shape[0], n_q + 2 * n_kv, d_h)
     a = rms_norm(h, lp["input_norm"], eps)
@@ -454,11 +447,11 @@ def _qkv_projections(lp: Params, eps: float, h: jax.Array) -> jax.Array:
 
 def _normed_window_attention(lp: Params, eps: float, qkv: jax.Array, cos: jax.Array,
                              sin: jax.Array, k_all, v_all, layer, depth, start, counts=None):
-    """:func:`~alodlm_jax.window_kernel.window_attention_qkv` of the requests' projections
+    """:func:`~alodlm_jax.kernels.window.window_attention_qkv` of the requests' projections
     ``qkv [B, W, n_q + 2 n_kv, d_h]``: ``(attn [B, W, n_q, d_h], k, v [B, W, n_kv, d_h],
     counts)``, the values those of ``qkv`` as they are; ``counts`` as the kernel's (None where
     not given: a second kernel combines a split prefix's parts)."""
-    from alodlm_jax import window_kernel as WK
+    from alodlm_jax.kernels import window as WK
     n_q, n_kv = lp["q"].shape[1], lp["k"].shape[1]
     attn, k, *counted = WK.window_attention_qkv(qkv, n_q, lp["q_norm"], lp["k_norm"], cos, sin,
                                                 eps, k_all, v_all, layer, depth, start,
@@ -475,7 +468,7 @@ def _kernel_qkv_attention(lp: Params, eps: float, h: jax.Array, cos: jax.Array, 
     GPU where :func:`_normed_attention` says so, the products' output goes to the attention
     kernel as it is (:func:`_normed_window_attention`), which, given ``counts`` (``int32 [L, 1,
     n_kv]``, zero at this layer: :func:`run_window_stack`'s), combines a split prefix's parts
-    in its last part (:mod:`alodlm_jax.window_kernel`); elsewhere ``counts`` come back as
+    in its last part (:mod:`alodlm_jax.kernels.window`); elsewhere ``counts`` come back as
     they came."""
     size = k_all.shape[len(index)]
 
@@ -535,7 +528,7 @@ def run_window_stack(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Arr
 
     # The attention kernel's counts (one request, each layer's KV heads), zero for this call:
     # where it splits a prefix in parts, its last part to finish combines them
-    # (window_kernel._gpu_attention), carried from layer to layer; unused elsewhere.
+    # (kernels.window._gpu_attention), carried from layer to layer; unused elsewhere.
     counts = jnp.zeros((n, 1, k_all.shape[-2]), jnp.int32) if kernel else None
 
     def layer(lp, i, carry):
@@ -674,7 +667,7 @@ def run_window_rows(stack, cfg: "ModelConfig", h: jax.Array, positions: jax.Arra
     :func:`store_window` per request. Reads the cache only, like :func:`run_window_stack`. With
     in-order lanes (:data:`~alodlm_jax.rows.FIXED`) each lane attends as
     :func:`~alodlm_jax.attention.attend_in_copy` does; ``kernel`` (:data:`~alodlm_jax.rows.KERNEL`):
-    in :mod:`alodlm_jax.window_kernel`.
+    in :mod:`alodlm_jax.kernels.window`.
     """
     n = _num_layers(stack)
     batch = k_all.shape[0]

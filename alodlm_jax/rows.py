@@ -21,7 +21,7 @@ Three shape policies (a static argument of the compiled programs, :func:`shapes_
 * :data:`KERNEL` (one GPU or TPU): :data:`FIXED`'s shapes, and every window's attention (a batch
   step's, and a single request's as a batch of one) in a Pallas kernel that reads each request's
   K/V where it lies in the cache
-  (:mod:`alodlm_jax.window_kernel`) instead of XLA's copy of each request's prefix (which XLA:TPU
+  (:mod:`alodlm_jax.kernels.window`) instead of XLA's copy of each request's prefix (which XLA:TPU
   expands into loops: the 8B's batch-32 step had 33.7k kernels). On a mesh the programs keep
   :data:`FIXED` (the kernel is not partitioned across devices).
 
@@ -58,13 +58,6 @@ def shapes_for(platform: str, devices: int = 1) -> str:
 def is_fixed(shapes: str) -> bool:
     """Whether ``shapes`` is one fixed shape per program (:data:`FIXED`, :data:`KERNEL`)."""
     return shapes != BUCKETED
-
-
-def attention(shapes: str) -> dict[str, bool]:
-    """The window forwards' attention options under ``shapes`` (``alodlm_jax.model``'s
-    ``bucketed`` and ``kernel``): attention buckets under :data:`BUCKETED`, the Pallas kernel under
-    :data:`KERNEL`."""
-    return {"bucketed": not is_fixed(shapes), "kernel": shapes == KERNEL}
 
 
 @struct.dataclass

@@ -17,7 +17,7 @@
 # pass), so one run recalibrates the plan (alodlm_jax/plan/launches.py: TIME_MODEL). On a GPU the
 # compiled engine runs the accelerators' fixed shapes (one row shape, attention over the whole
 # cache: alodlm_jax/rows.py), and on one GPU every pass attends in the Triton kernel
-# (alodlm_jax/window_kernel.py; "shapes fixed-kernel"), as evaluate does. In bf16 a batch's
+# (alodlm_jax/kernels/window.py; "shapes fixed-kernel"), as evaluate does. In bf16 a batch's
 # products run over more rows (other tiles, other sums) than one request's, so "same tokens" may
 # read False at a near tie; in fp32 it is expected True.
 #
@@ -51,13 +51,13 @@
 #              walked in parts (flash-decoding, window_kernel.gpu_splits: what the engine runs)
 #              and in one part per request and KV head: us per call, K/V read per second, and
 #              how far apart their outputs are; the heads' norms and RoPE in their Triton
-#              kernel (alodlm_jax/head_norm_kernel.py) against XLA's form on this device, and
+#              kernel (alodlm_jax/kernels/head_norm.py) against XLA's form on this device, and
 #              (one request's window) the attention kernel that applies them itself against
 #              that kernel and the attention kernel ("normed attention"), and the attention
 #              kernel's last part combining a long prefix's parts against a second kernel
 #              combining them, 100 calls each ("combined attention"); and a
 #              window layer's products with their norms and residual adds in Triton kernels
-#              (alodlm_jax/matmul_kernel.py, one request's rows and two requests') against
+#              (alodlm_jax/kernels/matmul.py, one request's rows and two requests') against
 #              XLA's form: us per layer, weights read per second, outputs equal.
 #   --xla_products  the engines run a window layer's products in XLA's form
 #              (matmul_kernel.MAX_ROWS = 0), to compare their ms/pass with a run without it.
@@ -246,15 +246,15 @@ def main() -> int:
     except DecodeConfigError as error:
         parser.error(f"--window_size / --max_new_tokens: {error}")
     if args.xla_products:
-        from alodlm_jax import matmul_kernel
+        from alodlm_jax.kernels import matmul as matmul_kernel
 
         matmul_kernel.MAX_ROWS = 0  # supported() says no: the model keeps XLA's form
     if args.separate_norms:
-        from alodlm_jax import window_kernel
+        from alodlm_jax.kernels import window as window_kernel
 
         window_kernel.NORMS_IN_ATTENTION = False  # the model keeps head_norm_kernel's
     if args.separate_combine:
-        from alodlm_jax import window_kernel
+        from alodlm_jax.kernels import window as window_kernel
 
         window_kernel.COMBINE_IN_ATTENTION = False  # the combining kernel, as for a batch
     dev = jax.devices()[0]
@@ -567,14 +567,14 @@ def goals(args) -> bool:
 
 # ---- ATTENTION (the Triton kernel alone: its prefix in parts or in one) -----------------------
 def attention_check(cfg, args) -> None:
-    """The window attention kernel alone (alodlm_jax/window_kernel.py) at this model's heads,
+    """The window attention kernel alone (alodlm_jax/kernels/window.py) at this model's heads,
     each batch size and prefix: its time per call with the prefix split in parts
     (window_kernel.gpu_splits; a second kernel combines them) and walked whole by one program per
     request and KV head, the bytes of K/V it reads at that prefix per second, and how far apart
     the two outputs are. The calls run in one program, cycling over 28 layers of cache, so that
     the K/V they read (at least 117 MB: one request, 1,024 slots) come from device memory, not
     the L2 (50 MB on an H100 or H200); each call's output is the next one's queries."""
-    from alodlm_jax import window_kernel as WK
+    from alodlm_jax.kernels import window as WK
 
     on_gpu = jax.devices()[0].platform == "gpu"
     rows, n_q, n_kv, d_h = (2 * args.window_size, cfg.num_attention_heads,
@@ -618,11 +618,11 @@ def attention_check(cfg, args) -> None:
 
 
 def head_norm_check(cfg, args) -> None:
-    """The queries' and keys' norms and RoPE in one Triton kernel (alodlm_jax/head_norm_kernel.py,
+    """The queries' and keys' norms and RoPE in one Triton kernel (alodlm_jax/kernels/head_norm.py,
     what a window layer runs on one GPU in bf16) against XLA's form of them, on this device, at
     one request's window rows and at 8 requests': the share of outputs equal bit for bit and the
     largest difference (the norm's sum of squares is added in another order)."""
-    from alodlm_jax import head_norm_kernel as HK
+    from alodlm_jax.kernels import head_norm as HK
     from alodlm_jax import model as M
 
     on_gpu = jax.devices()[0].platform == "gpu"
@@ -671,7 +671,7 @@ def normed_attention_check(cfg, args, qkv, q_w, k_w, cos, sin, norm_rope, on_gpu
     norm kernel and then the attention kernel, over a prefix of the prompt's length in a cache of
     one layer: the share of outputs (attention and the window's keys) equal bit for bit, and the
     largest difference."""
-    from alodlm_jax import window_kernel as WK
+    from alodlm_jax.kernels import window as WK
 
     rows = qkv.shape[0]
     n_q, n_kv, d_h = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -706,7 +706,7 @@ def combined_attention_check(cfg, args, qkv, q_w, k_w, cos, sin, on_gpu):
     program wrote it would make a call differ): the share of the outputs equal bit for bit,
     the calls that differed, and the largest difference. Returns (calls that differed, calls),
     or None where the kernel does not combine them."""
-    from alodlm_jax import window_kernel as WK
+    from alodlm_jax.kernels import window as WK
 
     rows = qkv.shape[0]
     n_q, n_kv, d_h = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -755,7 +755,7 @@ def agreement(want, got) -> tuple[float, float]:
 
 
 def layer_kernels_check(cfg, params, args) -> None:
-    """A window layer's products with their norms and residual adds (alodlm_jax/matmul_kernel.py)
+    """A window layer's products with their norms and residual adds (alodlm_jax/kernels/matmul.py)
     and its heads' norms (head_norm_kernel.py) in Triton kernels, what a window layer of one
     request (or two, in a batch step) runs on one GPU in bf16, against XLA's form of the same
     parts (model._qkv and model._attention_out_and_mlp with and without ``kernel``), on this
@@ -763,7 +763,7 @@ def layer_kernels_check(cfg, params, args) -> None:
     the layer's weights read per second, the share of outputs equal bit for bit and the largest
     difference. Without a GPU both forms are XLA's (the kernels run only where the platform is
     CUDA)."""
-    from alodlm_jax import matmul_kernel as MK
+    from alodlm_jax.kernels import matmul as MK
     from alodlm_jax import model as M
 
     on_gpu = jax.devices()[0].platform == "gpu"

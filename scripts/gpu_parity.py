@@ -19,7 +19,7 @@ The settings cover both modes, windows 7, 10, 16 and 20, a position penalty, a s
 sandwich topology (prelude, core, coda; the one where batch 8 first disagreed on an H200: 7
 layers, loop [2, 5), hidden 128, 4/2 heads of 32, vocabulary 224, rope theta 20000, RMSNorm
 weights jittered by 5 %) and an all-layer one (the 1.7B's form). On one GPU the batch step of a
-16-slot window (32 rows) attends in the Triton kernel (alodlm_jax/window_kernel.py), the others
+16-slot window (32 rows) attends in the Triton kernel (alodlm_jax/kernels/window.py), the others
 in XLA's form.
 """
 

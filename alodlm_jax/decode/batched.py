@@ -43,6 +43,7 @@ from alodlm_jax import rows as R
 from alodlm_jax.decode import state as S
 from alodlm_jax.decode import window as W
 from alodlm_jax.decode.layout import Program
+from alodlm_jax.kernels import select
 
 
 @struct.dataclass
@@ -108,7 +109,7 @@ def _prelude_rows(params, cache, packed, opening, prefix_limit, *, cfg, rows, sh
         return run
 
     fixed = R.is_fixed(shapes)
-    attend = R.attention(shapes)
+    attend = select.attention_options(shapes)
     return _on_rows(counts, ((0, 0),) + R.step_shapes(batch, rows, shapes), branch, cache)
 
 
@@ -141,7 +142,7 @@ def _pass_rows(params, cache, h, packed, depth, live, prefix_limit, *, cfg, rows
         return run
 
     fixed = R.is_fixed(shapes)
-    attend = R.attention(shapes)
+    attend = select.attention_options(shapes)
     return _on_rows(counts, R.step_shapes(batch, rows, shapes), branch, cache, h)
 
 

@@ -30,6 +30,7 @@ import numpy as np
 from alodlm_jax import model as M
 from alodlm_jax import rows as R
 from alodlm_jax.config import DecodeConfig
+from alodlm_jax.kernels import select
 from alodlm_jax.decode import state as S
 from alodlm_jax.decode.result import DecodeOutput, work_counters
 
@@ -271,7 +272,7 @@ def prelude_rows(params, cache, packed, *, cfg, prefix_limit=None, rows_needed=N
             h = M.embed(params, packed.ids[:n])
             h, kv = M.prelude_window(params, cfg, h, packed.positions[:n], cache, packed.start,
                                      prefix_limit=prefix_limit, rope=_rope_rows(packed, n),
-                                     **R.attention(shapes))
+                                     **select.attention_options(shapes))
             return _pad_rows(h, rows), _pad_kv(kv, rows)
         return run
 
@@ -297,7 +298,7 @@ def window_pass(params, cache, h, packed, pst, depth, q, tau, *, cfg, mode, pref
         def run(cache, h_in):
             positions = packed.positions[:n]
             attend = dict(prefix_limit=prefix_limit, rope=_rope_rows(packed, n),
-                          **R.attention(shapes))
+                          **select.attention_options(shapes))
             h, core_kv = M.core_window(params, cfg, h_in[:n], positions, cache, packed.start, depth,
                                        **attend)
             r, coda_kv = M.readout_window(params, cfg, h, positions, cache, packed.start, **attend)

@@ -18,8 +18,7 @@ PACKAGE = "alodlm_jax"
 # name covers the module and everything under it (the longest listed prefix decides).
 FLOORS = (
     ("settings and data", ("alodlm_jax", "config", "data", "testing")),
-    ("the network", ("rows", "attention", "model", "window_kernel", "head_norm_kernel",
-                     "matmul_kernel", "params", "sharding")),
+    ("the network", ("rows", "attention", "model", "kernels", "params", "sharding")),
     ("decoding", ("decode",)),
     ("the generator", ("generate", "analysis", "plan", "testing.aot_gpu")),
     ("front ends", ("cli", "harness", "report", "compare", "distributed", "torch_reference")),

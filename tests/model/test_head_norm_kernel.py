@@ -1,4 +1,4 @@
-"""The heads' norms and RoPE as one Triton kernel (:mod:`alodlm_jax.head_norm_kernel`) against the
+"""The heads' norms and RoPE as one Triton kernel (:mod:`alodlm_jax.kernels.head_norm`) against the
 XLA form it replaces, in Pallas's interpreter; and, with the aot extra, compiled for a GPU without
 one."""
 
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from alodlm_jax import head_norm_kernel as HK
+from alodlm_jax.kernels import head_norm as HK
 from alodlm_jax import model as M
 
 from . import gpu_compile

@@ -1,5 +1,5 @@
 """A window layer's products with their norms and residual adds as Triton kernels
-(:mod:`alodlm_jax.matmul_kernel`) against the XLA form they replace, in Pallas's interpreter, alone
+(:mod:`alodlm_jax.kernels.matmul`) against the XLA form they replace, in Pallas's interpreter, alone
 and as the model wires them; and, with the aot extra, compiled for a GPU without one."""
 
 import functools
@@ -9,10 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from alodlm_jax import head_norm_kernel as HK
-from alodlm_jax import matmul_kernel as MK
+from alodlm_jax.kernels import head_norm as HK
+from alodlm_jax.kernels import matmul as MK
 from alodlm_jax import model as M
-from alodlm_jax import window_kernel as WK
+from alodlm_jax.kernels import window as WK
 
 from . import gpu_compile
 
@@ -158,7 +158,7 @@ def test_the_window_layer_hands_the_products_to_the_attention_kernel(monkeypatch
     """A single request's window layer as the model runs it on an NVIDIA GPU (bf16, 32 rows:
     ``platform_dependent``'s cuda branch, the kernels in the interpreter): the q/k/v product
     kernel's output goes to the attention kernel as it is, which applies the heads' norms and
-    RoPE (no :func:`~alodlm_jax.head_norm_kernel.norm_rope` call); the layer's output and the
+    RoPE (no :func:`~alodlm_jax.kernels.head_norm.norm_rope` call); the layer's output and the
     window's K/V are the XLA form's to a bf16 step or two, the values the product's own."""
     lp, h, cos, sin, k_all, v_all = _one_request_layer(seed=3, slots=128, position=100)
     index, start = (jnp.int32(1), jnp.int32(2)), jnp.int32(70)

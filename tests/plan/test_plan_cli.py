@@ -1,6 +1,6 @@
 """alodlm-jax-plan: compile the tiny checkpoint's programs for a GPU and a TPU target without
 either (the aot extra), the JSON it writes, the memory a JAX process gets, the missing extra; and the
-batch program with the attention kernel (:mod:`alodlm_jax.window_kernel`) for each."""
+batch program with the attention kernel (:mod:`alodlm_jax.kernels.window`) for each."""
 
 import json
 import pathlib

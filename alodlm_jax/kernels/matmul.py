@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltr
 
-from alodlm_jax.window_kernel import power_of_two
+from alodlm_jax.kernels.common import power_of_two
 
 __all__ = ["norm_matmul", "matmul_residual", "supported", "MIN_ROWS", "MAX_ROWS"]
 

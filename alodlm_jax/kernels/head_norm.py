@@ -10,8 +10,8 @@ choice of operands rather than a data movement. It takes the values too and retu
 they are, so that the three projections arrive as one array, which XLA:GPU writes in the kernel
 that adds the products' split-K partial sums (the values' own kernel before). Where the GPU
 attention kernel takes the window, it applies the same operations itself
-(:func:`alodlm_jax.window_kernel.window_attention_qkv`, through
-:func:`~alodlm_jax.window_kernel.norm_rope_halves`, which this kernel runs too), and this kernel
+(:func:`alodlm_jax.kernels.window.window_attention_qkv`, through
+:func:`~alodlm_jax.kernels.window.norm_rope_halves`, which this kernel runs too), and this kernel
 is the fallback for the shapes it does not take.
 
 Numerics: every operation of the XLA form, in its order, with the same roundings: the norm's
@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltr
 
-from alodlm_jax.window_kernel import norm_rope_halves, norm_rope_supported, table_halves
+from alodlm_jax.kernels.common import norm_rope_halves, norm_rope_supported, table_halves
 
 __all__ = ["norm_rope", "supported", "TILE_ROWS", "MAX_ROWS"]
 
