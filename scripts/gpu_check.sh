@@ -16,7 +16,7 @@
 # batch program's run time over its own count of steps; the single-request program's time per
 # pass), so one run recalibrates the plan (alodlm_jax/plan/launches.py: TIME_MODEL). On a GPU the
 # compiled engine runs the accelerators' fixed shapes (one row shape, attention over the whole
-# cache: alodlm_jax/rows.py), and on one GPU every pass attends in the Triton kernel
+# cache: alodlm_jax/network/rows.py), and on one GPU every pass attends in the Triton kernel
 # (alodlm_jax/kernels/window.py; "shapes fixed-kernel"), as evaluate does. In bf16 a batch's
 # products run over more rows (other tiles, other sums) than one request's, so "same tokens" may
 # read False at a near tie; in fp32 it is expected True.
@@ -92,7 +92,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from alodlm_jax.analysis import step_analysis
+from alodlm_jax.plan.analysis import step_analysis
 from alodlm_jax.config import DecodeConfig, DecodeConfigError
 from alodlm_jax.decode import batched
 from alodlm_jax.decode.compiled import CompiledEngine
@@ -623,7 +623,8 @@ def head_norm_check(cfg, args) -> None:
     one request's window rows and at 8 requests': the share of outputs equal bit for bit and the
     largest difference (the norm's sum of squares is added in another order)."""
     from alodlm_jax.kernels import head_norm as HK
-    from alodlm_jax import model as M
+    from alodlm_jax.network import model as M
+    from alodlm_jax.network import layers as L
 
     on_gpu = jax.devices()[0].platform == "gpu"
     n_q, n_kv, d_h, eps = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
@@ -637,8 +638,8 @@ def head_norm_check(cfg, args) -> None:
         @jax.jit
         def xla(qkv):
             q, k, v = qkv[:, :n_q], qkv[:, n_q:n_q + n_kv], qkv[:, n_q + n_kv:]
-            return (M._apply_rope(M.rms_norm(q, q_w, eps), cos, sin),
-                    M._apply_rope(M.rms_norm(k, k_w, eps), cos, sin), v)
+            return (L.apply_rope(L.rms_norm(q, q_w, eps), cos, sin),
+                    L.apply_rope(L.rms_norm(k, k_w, eps), cos, sin), v)
 
         kernel = jax.jit(lambda qkv: HK.norm_rope(qkv, n_q, n_kv, q_w, k_w, cos, sin, eps,
                                                   interpret=not on_gpu))
@@ -654,13 +655,14 @@ def window_heads(cfg, args, rows):
     """Random inputs of a window's heads as its layer's products leave them (``rows`` rows of
     queries, keys and values, bf16), the heads' norm weights, and the window's RoPE tables after
     the prompt: (qkv, q_w, k_w, cos, sin)."""
-    from alodlm_jax import model as M
+    from alodlm_jax.network import model as M
+    from alodlm_jax.network import layers as L
 
     n_q, n_kv, d_h = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     keys = iter(jax.random.split(jax.random.key(4), 3))
     qkv = jax.random.normal(next(keys), (rows, n_q + 2 * n_kv, d_h), jnp.bfloat16)
     q_w, k_w = (1 + 0.1 * jax.random.normal(next(keys), (2, d_h))).astype(jnp.bfloat16)
-    cos, sin = M.rope_tables(jnp.arange(rows) + args.prompt_tokens, d_h, cfg.rope_theta,
+    cos, sin = L.rope_tables(jnp.arange(rows) + args.prompt_tokens, d_h, cfg.rope_theta,
                              jnp.bfloat16)
     return qkv, q_w, k_w, cos, sin
 
@@ -764,7 +766,8 @@ def layer_kernels_check(cfg, params, args) -> None:
     difference. Without a GPU both forms are XLA's (the kernels run only where the platform is
     CUDA)."""
     from alodlm_jax.kernels import matmul as MK
-    from alodlm_jax import model as M
+    from alodlm_jax.network import model as M
+    from alodlm_jax.network import layers as L
 
     on_gpu = jax.devices()[0].platform == "gpu"
     hidden, eps = cfg.hidden_size, cfg.rms_norm_eps
@@ -779,14 +782,14 @@ def layer_kernels_check(cfg, params, args) -> None:
         h = jax.random.normal(next(keys), (rows, hidden), jnp.bfloat16)
         attn = jax.random.normal(next(keys), (rows, cfg.num_attention_heads, cfg.head_dim),
                                  jnp.bfloat16)
-        cos, sin = M.rope_tables(jnp.arange(rows) + args.prompt_tokens, cfg.head_dim,
+        cos, sin = L.rope_tables(jnp.arange(rows) + args.prompt_tokens, cfg.head_dim,
                                  cfg.rope_theta, jnp.bfloat16)
         timed = {}
         for kernel in (False, True):
             @jax.jit
             def run(layers, h, attn):
-                return [(M._qkv(lp, eps, h, cos, sin, kernel),
-                         M._attention_out_and_mlp(lp, eps, h, attn, kernel)) for lp in layers]
+                return [(L.qkv(lp, eps, h, cos, sin, kernel),
+                         L.attention_out_and_mlp(lp, eps, h, attn, kernel)) for lp in layers]
 
             out = jax.block_until_ready(run(layers, h, attn))  # compiles
             t0 = time.perf_counter()
@@ -866,8 +869,8 @@ def mesh_layouts(count: int, batch: int) -> list:
 
 
 def check_layouts(args, dtype) -> bool:
-    from alodlm_jax import sharding
-    from alodlm_jax.analysis import collectives, step_collectives
+    from alodlm_jax.network import sharding
+    from alodlm_jax.plan.analysis import collectives, step_collectives
     from alodlm_jax.decode import batched
     from alodlm_jax.decode.layout import Layout
 

@@ -42,7 +42,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from alodlm_convert.config import ModelConfig  # noqa: E402
-from alodlm_jax import rows as R  # noqa: E402
+from alodlm_jax.network import rows as R  # noqa: E402
 from alodlm_jax.config import DecodeConfig  # noqa: E402
 from alodlm_jax.decode.compiled import CompiledEngine  # noqa: E402
 from alodlm_jax.testing.released_shapes import random_params  # noqa: E402
@@ -253,7 +253,7 @@ def main(argv=None) -> int:
     parser.add_argument("--batches", default="1,8,32",
                         help="comma-separated batch sizes (1: one request at a time)")
     parser.add_argument("--shapes", default="platform", choices=("platform",) + R.SHAPES,
-                        help="the device side's shape policy (alodlm_jax/rows.py); default: the "
+                        help="the device side's shape policy (alodlm_jax/network/rows.py); default: the "
                              "one evaluate uses on that platform")
     parser.add_argument("--prompts", type=int, default=len(PROMPT_LENGTHS),
                         help=f"prompts per setting (1-{len(PROMPT_LENGTHS)})")

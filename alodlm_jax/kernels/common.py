@@ -35,7 +35,7 @@ def norm_rope_halves(x_ref, w_ref, cos, sin, eps: float):
     ``[T, group, d_h]`` (16-bit), read as their two halves so that the rotation is a choice of
     operands; ``w_ref`` the norm's weight ``[d_h]``, ``cos`` and ``sin`` the tables' halves
     ``[T, d_h / 2]`` (:func:`table_halves`), shared by a row's heads. Every operation of the XLA
-    form (:func:`alodlm_jax.model.rms_norm`, ``_apply_rope``) in its order, each result rounded
+    form (:func:`alodlm_jax.network.layers.rms_norm`, ``_apply_rope``) in its order, each result rounded
     to the 16-bit dtype where XLA rounds it (it evaluates 16-bit elementwise operations in
     fp32): the sum of squares in fp32 (per half, then added), the normalized value, its product
     with the weight, RoPE's two products and their sum. Returns the rotated halves in

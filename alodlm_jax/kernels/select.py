@@ -88,7 +88,7 @@ def attention_options(shapes: str) -> dict[str, bool]:
     ``bucketed`` and ``kernel``): attention buckets under
     :data:`~alodlm_jax.network.rows.BUCKETED`, the Pallas kernels under
     :data:`~alodlm_jax.network.rows.KERNEL`."""
-    from alodlm_jax import rows as R
+    from alodlm_jax.network import rows as R
 
     return {"bucketed": not R.is_fixed(shapes), "kernel": shapes == R.KERNEL}
 

@@ -1,8 +1,8 @@
 """A window's attention as a Pallas kernel reading each request's K/V in place.
 
 :func:`window_attention` computes what ``jax.vmap(attention.attend_in_copy)`` computes for the
-in-order lanes of the :data:`~alodlm_jax.rows.FIXED` batch step (and, as a batch of one, for a
-single request's window, :func:`alodlm_jax.model.run_window_stack`): request ``b``'s queries (its
+in-order lanes of the :data:`~alodlm_jax.network.rows.FIXED` batch step (and, as a batch of one, for a
+single request's window, :func:`alodlm_jax.network.window_layers.run_window_stack`): request ``b``'s queries (its
 window rows) attend over its prefix, cache slots ``< start[b]`` of layer ``layer`` at depth
 ``depth[b]`` of the batch's buffers, and over its own window's K/V, row ``a`` seeing window rows
 ``<= a``, in one softmax. The XLA form reads every request's slice of the cache into a copy (a
@@ -24,7 +24,7 @@ online softmax:
   :func:`gpu_splits`): grid ``(B, n_kv, splits)``, each program one run of the prefix's tiles,
   writing its unnormalized output, maximum and sum in fp32; a second kernel combines them, or,
   where the caller carries zeroed counts (one request's window layers,
-  :func:`alodlm_jax.model.run_window_stack`), the head's last program to finish does, in the
+  :func:`alodlm_jax.network.window_layers.run_window_stack`), the head's last program to finish does, in the
   same order.
   :func:`window_attention_qkv` is the same kernel taking the window's queries and keys as the
   q/k/v products leave them: each program applies the heads' norms and RoPE itself
@@ -32,7 +32,7 @@ online softmax:
   window's keys so made come back for the cache, one kernel a layer fewer.
 
 Numerics: scores, the running maximum and sums and the output accumulation in fp32, products of
-fp32 operands at ``Precision.HIGHEST``, as :func:`alodlm_jax.attention.attend` does; the
+fp32 operands at ``Precision.HIGHEST``, as :func:`alodlm_jax.network.attention.attend` does; the
 unnormalized probabilities are cast to the value dtype before their product with V (the XLA form
 casts the normalized ones) and the sum is taken in another order (the GPU's parts: summed per
 part, then across parts), so in fp32 the two agree to rounding (tested) and in bf16 to bf16's
@@ -164,7 +164,7 @@ def _scores(q, k, mask):
 def _seen(v, seen):
     """A block's values ``[n, d_h]`` zeroed in the slots past the prefix (``seen`` ``[n, 1]``):
     their probabilities are zeros, but a slot left from another request may hold inf or NaN
-    (``0 * inf`` is NaN; as in :mod:`alodlm_jax.attention`)."""
+    (``0 * inf`` is NaN; as in :mod:`alodlm_jax.network.attention`)."""
     return jnp.where(seen, v, jnp.zeros((), v.dtype))
 
 
@@ -552,7 +552,7 @@ def window_attention_qkv(qkv, n_q: int, q_weight, k_weight, cos, sin, eps: float
 
     ``qkv`` ``[B, W, n_q + 2 n_kv, d_h]`` (16-bit, as the cache; the heads of q, k and v in that
     order), the norms' weights ``[d_h]``, cos/sin ``[B, W, d_h]``
-    (:func:`alodlm_jax.model.rope_tables`); the rest as :func:`window_attention`. Returns the
+    (:func:`alodlm_jax.network.layers.rope_tables`); the rest as :func:`window_attention`. Returns the
     output ``[B, W, n_q, d_h]`` and the window's keys ``[B, W, n_kv, d_h]`` as normalized and
     rotated (for the cache); the window's values are ``qkv``'s last ``n_kv`` heads as they
     are. Where :func:`supported` says so for the GPU and :func:`norm_rope_supported` for the

@@ -18,9 +18,9 @@ PACKAGE = "alodlm_jax"
 # name covers the module and everything under it (the longest listed prefix decides).
 FLOORS = (
     ("settings and data", ("alodlm_jax", "config", "data", "testing")),
-    ("the network", ("rows", "attention", "model", "kernels", "params", "sharding")),
+    ("the network", ("network", "kernels")),
     ("decoding", ("decode",)),
-    ("the generator", ("generate", "analysis", "plan", "testing.aot_gpu")),
+    ("the generator", ("generate", "analysis", "plan")),
     ("front ends", ("cli", "harness", "report", "compare", "distributed", "torch_reference")),
 )
 

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from alodlm_jax import attention as A
+from alodlm_jax.network import attention as A
 from alodlm_jax.kernels import window as WK
 from alodlm_jax.plan import targets
 
@@ -108,12 +108,12 @@ def test_kernel_in_bf16_agrees_to_bf16_resolution(backend, n_kv):
 def _projections(dtype, *, batch=3, rows=8, n_q=4, n_kv=2, d_h=128, seed=0):
     """The window's projections ``[B, W, n_q + 2 n_kv, d_h]`` (as the model's q/k/v product
     writes them), the heads' norm weights and each request's RoPE tables ``[B, W, d_h]``."""
-    from alodlm_jax import model as M
+    from alodlm_jax.network import layers as L
 
     rng = np.random.default_rng(seed)
     qkv = jnp.asarray(2 * rng.standard_normal((batch, rows, n_q + 2 * n_kv, d_h)), dtype)
     q_w, k_w = (jnp.asarray(1 + 0.1 * rng.standard_normal(d_h), dtype) for _ in range(2))
-    tables = [M.rope_tables(jnp.arange(rows) + 100 * b + 7, d_h, 1e6, dtype)
+    tables = [L.rope_tables(jnp.arange(rows) + 100 * b + 7, d_h, 1e6, dtype)
               for b in range(batch)]
     return qkv, q_w, k_w, jnp.stack([c for c, _ in tables]), jnp.stack([s for _, s in tables])
 

@@ -12,7 +12,7 @@ import pytest
 from alodlm_jax.cli import plan as plan_cli
 from alodlm_jax.plan import targets
 from alodlm_jax.plan.compile import PROGRAM_KEYS
-from alodlm_jax.testing import aot_gpu
+from alodlm_jax.plan import aot_gpu
 
 pytestmark = pytest.mark.jax_backend
 

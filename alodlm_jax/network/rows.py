@@ -84,7 +84,7 @@ class RowMap:
         ``in_order``).
       in_order: static — lane ``b`` is request ``b`` (``A == B``; :data:`FIXED`), so attention
         takes lane ``b``'s cache at batch index ``b`` rather than looking its request up (each
-        request's depth is still a per-request read, :func:`alodlm_jax.attention.attend_in_copy`).
+        request's depth is still a per-request read, :func:`alodlm_jax.network.attention.attend_in_copy`).
     """
 
     slot: jax.Array

@@ -2,15 +2,15 @@
 
 Every form computes the same thing: grouped-query attention of a layer's query rows over the slots
 of their buffer that they see, scores, masking and softmax in fp32, probabilities cast to the
-activation dtype before the product with V (the numerics of :mod:`alodlm_jax.model`). They differ
+activation dtype before the product with V (the numerics of :mod:`alodlm_jax.network.model`). They differ
 in where the keys and values lie:
 
 * :func:`attend`: a whole buffer holding the rows' own K/V; row ``a`` sees slots ``<= start + a``
-  (:mod:`alodlm_jax.model`'s layers that write the cache);
+  (:mod:`alodlm_jax.network.model`'s layers that write the cache);
 * :func:`attend_window`: the cache's prefix (slots ``< start``) and the window's own K/V beside it,
   as two blocks of one softmax (the window forwards, which only read the cache);
 * :func:`attend_in_copy`: one request's prefix read into a copy with its window written in, then
-  :func:`attend` (the :data:`~alodlm_jax.rows.FIXED` batch step); :func:`attend_in_order` runs it
+  :func:`attend` (the :data:`~alodlm_jax.network.rows.FIXED` batch step); :func:`attend_in_order` runs it
   for in-order lanes, :func:`kernel_attention` in :mod:`alodlm_jax.kernels.window`'s Pallas kernel
   where the platform has one.
 
@@ -117,7 +117,7 @@ def attend_window(q: jax.Array, k_pre: jax.Array, v_pre: jax.Array, start: jax.A
 
 def attend_in_copy(q, k, v, k_buf, v_buf, start, depth, *, layer, size: int) -> jax.Array:
     """One request's window attention (:func:`attend_window`'s visible set) for the
-    :data:`~alodlm_jax.rows.FIXED` batch step: the request's ``size`` cache slots at ``layer`` (and
+    :data:`~alodlm_jax.network.rows.FIXED` batch step: the request's ``size`` cache slots at ``layer`` (and
     ``depth``) are read into a copy, the window's K/V written into it at ``start``, and the rows
     attend over that one buffer (:func:`attend`: row ``a`` sees slots ``<= start + a``).
 
