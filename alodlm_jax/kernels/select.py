@@ -8,8 +8,8 @@ partitioned across devices), only on the platforms its row of :data:`FORMS` name
 picks by the platform it is lowered for, ``jax.lax.platform_dependent``), and only where its
 module's ``supported`` predicate takes the shapes and dtype (Triton's power-of-two tiles, the
 rows a kernel is good for, 16-bit activations); everywhere else XLA's form runs. :data:`FORMS`
-is that table, one row a form, as data: the plan and ``scripts/gpu_check.py`` read it to say
-which forms a program may run, and :func:`allowed` evaluates a row's condition.
+is that table, one row a form, as data that the plan and ``scripts/gpu_check`` can read
+(neither prints it yet), and :func:`allowed` evaluates a row's condition.
 
 The functions below are the conditions as the network calls them; each imports its kernel's
 module (Pallas's Triton module with it) only when called, so a program that runs no kernel
@@ -31,7 +31,8 @@ class Form:
     """One form of an operation other than XLA's: ``operation`` (what the network computes),
     ``kernel`` (the Pallas kernel's module and function), the ``platforms`` it runs on
     (``platform_dependent``'s names), the ``policy`` it needs (a shape policy of
-    :mod:`alodlm_jax.network.rows`), ``condition`` (its module's predicate, ``module:function``)
+    :mod:`alodlm_jax.network.rows`), ``condition`` (its module's predicate, ``module:function``;
+    empty: none)
     and ``when``: the condition in words."""
 
     operation: str
