@@ -388,9 +388,10 @@ def bench_step_costs(name: str, args) -> list[dict]:
 
 
 def layer_costs(name: str, batch: int, slots: int, args) -> dict:
-    """XLA's bytes accessed for one core layer of the batch step (``model._window_layer_rows`` on
-    ``batch * W`` packed rows, prefix of ``slots`` cache slots) and for its pieces compiled alone,
-    beside the layer's weights and the K/V it attends to."""
+    """XLA's bytes accessed for one core layer of the batch step
+    (``network.window_layers.window_layer_rows`` on ``batch * W`` packed rows, prefix of ``slots``
+    cache slots) and for its pieces compiled alone, beside the layer's weights and the K/V it
+    attends to."""
     import jax
     import jax.numpy as jnp
 

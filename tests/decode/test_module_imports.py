@@ -135,6 +135,12 @@ def test_no_private_name_of_another_module_is_used():
     assert not wrong, "\n".join(wrong)
 
 
+def test_no_module_is_over_600_lines():
+    long = sorted(f"{m}: {n} lines" for m, path in MODULES.items()
+                  if (n := len(path.read_text().splitlines())) > 600)
+    assert not long, "\n".join(long)
+
+
 def test_the_decode_modules_have_one_direction():
     """window is under every engine; the batch program is under its scheduler, which is under the
     compiled engine; the portable engine and the batch program do not know each other."""
