@@ -132,7 +132,7 @@ def make_engine(engine: str, cfg, params, decode: DecodeConfig, stop_ids: Sequen
             enable_compilation_cache(compilation_cache_dir)
         cache_sharding = None
         if mesh is not None:
-            from alodlm_jax.sharding import cache_shardings
+            from alodlm_jax.network.sharding import cache_shardings
 
             cache_sharding = cache_shardings(mesh, cfg)
         return PortableEngine(cfg, params, decode, stop_ids, cache_sharding=cache_sharding)
@@ -366,20 +366,20 @@ def build_generator(*, model: str, mesh=None, model_config: str | None = None,
     ``model``: a converted directory, an HF checkpoint directory or a Hub id. ``mesh``: None (one
     device: this process's first device of ``device``'s platform, the ordinary path, with per-layer
     weights on a CPU or GPU and stacked ones on a TPU:
-    :func:`~alodlm_jax.params.per_layer_weights`), or a :class:`~alodlm_jax.sharding.MeshSpec` (or
+    :func:`~alodlm_jax.network.params.per_layer_weights`), or a :class:`~alodlm_jax.network.sharding.MeshSpec` (or
     its ``--mesh`` text) over this process's local devices: one device loads stacked weights onto
     the first of them (the layout sharded loading gives, so a one-device mesh is numerically the
-    sharded runs' path); a larger mesh loads with :func:`~alodlm_jax.sharding.load_sharded_model`
+    sharded runs' path); a larger mesh loads with :func:`~alodlm_jax.network.sharding.load_sharded_model`
     and the engine is built for it (:func:`make_engine`). Settings that cannot work (precision,
-    engine, ``batch_size``, a layout :func:`~alodlm_jax.sharding.check_layout` refuses) are a
+    engine, ``batch_size``, a layout :func:`~alodlm_jax.network.sharding.check_layout` refuses) are a
     ValueError before anything is loaded; ``compilation_cache_dir`` enables JAX's persistent
     compilation cache there.
     """
     import jax
 
     from alodlm_convert.resolve import resolve_model
-    from alodlm_jax import sharding
-    from alodlm_jax.params import load_model, per_layer_weights
+    from alodlm_jax.network import sharding
+    from alodlm_jax.network.params import load_model, per_layer_weights
 
     if device is None:
         device = default_device()

@@ -9,7 +9,7 @@ leading layer axis (length 0 for an empty group, with the right trailing shapes)
 dtype and filled straight from the files (:meth:`~alodlm_convert.sources.TensorSource.read_into`);
 :func:`assemble_params` builds the pytree from them. :func:`load_params` keeps every leaf (peak
 memory about the model plus one block of rows); a consumer that moves each leaf elsewhere before
-asking for the next (``alodlm_jax.params.load_model`` puts it on the device) holds one leaf at a
+asking for the next (``alodlm_jax.network.params.load_model`` puts it on the device) holds one leaf at a
 time.
 """
 

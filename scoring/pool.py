@@ -38,29 +38,28 @@ outside a request. Failure handling, per SCORING.md:
 The pool can also score math (rescore mode, for throughput): a worker scores on its own main
 thread, where math-verify's ``SIGALRM`` timeouts work; its validation errors are re-raised with
 their own type, as in-process scoring raises them.
+
+One worker's process and its checked channel: :mod:`alodlm_scoring.worker_process`.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import json
 import math
 import os
 import queue
-import secrets
-import select
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
-import time
-from typing import Any, Callable, Mapping, Sequence, TextIO
+from typing import Any, Callable, Mapping, TextIO
 
 from .sandboxed import RULE_SETS, SANDBOX_FAILURE_REASON, SANDBOX_MODES
 from .tasks import CODE_METRICS
+from .worker_process import (ProtocolViolation, WorkerDied, WorkerError, WorkerProcess,
+                             WorkerTimeout)
 
 __all__ = [
     "Outcome",
@@ -79,8 +78,6 @@ __all__ = [
 TIMEOUT_REASON = "code_scoring_timeout"
 DIED_REASON = "code_scoring_worker_died"
 PROTOCOL_REASON = "code_scoring_protocol_error"
-# A reply line longer than this is not a verdict (extracted strings are bounded by the text).
-_MAX_REPLY_BYTES = 64 * 1024**2
 NON_CODE_TIMEOUT_REASON = "scoring_timeout"
 # Non-code tasks sent to the pool (math, when rescoring in parallel): math-verify bounds each
 # parse and comparison with 5 s alarms, so a minute means the worker is stuck.
@@ -92,9 +89,6 @@ EVALPLUS_TIMEOUT_VARIABLE = "EVALPLUS_TIMEOUT_PER_TASK"
 EVALPLUS_TIMEOUT_WARNING = (
     "warning: {name}={value!r} ignored: evalplus 0.3.1 cannot read it; its default 60 s cap applies"
 )
-WORKER_MODULE = "alodlm_scoring.worker"
-_READY_TIMEOUT_SECONDS = 120.0
-_FAILURE_PREFIX = "Isolated code scoring failed: "
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,23 +99,6 @@ class Outcome:
     extracted: str | None
     failure: str | None = None
 
-
-class WorkerError(RuntimeError):
-    """A worker reported an exception: fatal, "Isolated code scoring failed: " + traceback."""
-
-    def __init__(self, traceback_text: str, error_type: str | None = None,
-                 message: str | None = None) -> None:
-        self.traceback_text = traceback_text
-        self.error_type = error_type
-        self.error_message = message
-        super().__init__(_FAILURE_PREFIX + traceback_text)
-
-    def summary_line(self) -> str:
-        """One line for the command line: the prefix plus the worker's final exception line."""
-        if self.error_type is not None:
-            return f"{_FAILURE_PREFIX}{self.error_type}: {self.error_message}"
-        last = [line for line in self.traceback_text.strip().splitlines() if line.strip()]
-        return _FAILURE_PREFIX + (last[-1].strip() if last else "worker failed")
 
 
 def parent_timeout(record: Mapping[str, Any]) -> float:
@@ -161,173 +138,6 @@ def worker_environment(environ: Mapping[str, str] | None = None,
               file=stderr or sys.stderr, flush=True)
     return env
 
-
-class _Timeout(Exception):
-    pass
-
-
-class _Died(Exception):
-    pass
-
-
-class _Protocol(Exception):
-    """The worker's channel carried something that is not the worker's reply."""
-
-
-class _Worker:
-    """One worker process plus its scratch directory (its TMPDIR and working directory)."""
-
-    def __init__(self, scratch_root: str, env: Mapping[str, str], arguments: Sequence[str]) -> None:
-        self.directory = tempfile.mkdtemp(prefix="worker-", dir=scratch_root)
-        self._stderr_path = os.path.join(self.directory, "worker.stderr")
-        env = dict(env)
-        env["TMPDIR"] = self.directory
-        env["ALODLM_WORKER_SCRATCH"] = self.directory
-        with open(self._stderr_path, "wb") as stderr:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", WORKER_MODULE, *arguments],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                cwd=self.directory,
-                env=env,
-                start_new_session=True,
-            )
-        self._buffer = b""
-        self._ready = False
-        self._startup_error: WorkerError | None = None
-        self.sandbox: dict | None = None  # the worker's greeting's description
-
-    # -- protocol ------------------------------------------------------------------------------
-
-    def _read_line(self, deadline: float) -> bytes:
-        fd = self.process.stdout.fileno()
-        while b"\n" not in self._buffer:
-            if len(self._buffer) > _MAX_REPLY_BYTES:
-                raise _Protocol("a reply longer than the limit")
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise _Timeout()
-            readable, _, _ = select.select([fd], [], [], remaining)
-            if not readable:
-                raise _Timeout()
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                raise _Died()
-            self._buffer += chunk
-        line, _, self._buffer = self._buffer.partition(b"\n")
-        return line
-
-    def _await_ready(self) -> None:
-        if self._ready:
-            return
-        if self._startup_error is not None:  # a worker that failed to start stays failed
-            raise self._startup_error
-        try:
-            line = self._read_line(time.monotonic() + _READY_TIMEOUT_SECONDS)
-            greeting = json.loads(line)
-            if type(greeting) is not dict or greeting.get("ready") is not True:
-                raise ValueError
-        except (_Timeout, _Died):
-            self._startup_error = WorkerError(
-                "the scoring worker did not start: " + self.stderr_text().strip())
-        except (_Protocol, ValueError):
-            self._startup_error = WorkerError(
-                f"unexpected scoring worker greeting {self._buffer[:200]!r}")
-        else:
-            self.sandbox = greeting.get("sandbox")
-        if self._startup_error is not None:
-            self.kill()
-            raise self._startup_error
-        self._ready = True
-
-    def _stray_data(self) -> bool:
-        """Whether anything arrived that no request asked for (written by a program that
-        reached the channel): the worker can no longer be trusted."""
-        if self._buffer:
-            return True
-        readable, _, _ = select.select([self.process.stdout.fileno()], [], [], 0)
-        return bool(readable)
-
-    def request(self, fields: Mapping[str, Any], timeout: float) -> dict:
-        """Send one request (``fields`` plus a fresh nonce) and return its reply object;
-        raises _Timeout, _Died or _Protocol."""
-        deadline = time.monotonic() + timeout
-        self._await_ready()
-        if self._stray_data():
-            raise _Protocol("data arrived between requests")
-        nonce = secrets.token_hex(16)
-        payload = json.dumps({"nonce": nonce, **fields})
-        try:
-            self.process.stdin.write(payload.encode("utf-8") + b"\n")
-            self.process.stdin.flush()
-        except (BrokenPipeError, OSError):
-            raise _Died() from None
-        line = self._read_line(deadline)
-        try:
-            reply = json.loads(line)
-        except ValueError:
-            raise _Protocol(f"a reply that is not JSON ({line[:60]!r})") from None
-        if type(reply) is not dict or reply.get("nonce") != nonce:
-            raise _Protocol("a reply without this request's nonce")
-        if self._buffer:
-            raise _Protocol("a second reply")
-        return reply
-
-    def stderr_text(self) -> str:
-        try:
-            with open(self._stderr_path, "rb") as handle:
-                return handle.read()[-20000:].decode("utf-8", "replace")
-        except OSError:
-            return ""
-
-    # -- lifetime ------------------------------------------------------------------------------
-
-    def kill(self) -> None:
-        """Kill the worker, its process group and every descendant, then clean its directory."""
-        process = self.process
-        descendants = []
-        try:
-            import psutil
-
-            descendants = psutil.Process(process.pid).children(recursive=True)
-        except Exception:  # psutil missing, or the worker is already gone
-            pass
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        for child in descendants:
-            try:
-                child.kill()
-            except Exception:
-                pass
-        try:
-            process.kill()
-        except ProcessLookupError:
-            pass
-        process.wait()
-        self._close_pipes()
-        shutil.rmtree(self.directory, ignore_errors=True)
-
-    def close(self) -> None:
-        """Ask the worker to exit (end of input); kill it if it lingers."""
-        try:
-            self.process.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-        self.kill()
-
-    def _close_pipes(self) -> None:
-        for pipe in (self.process.stdin, self.process.stdout):
-            try:
-                pipe.close()
-            except OSError:
-                pass
 
 
 class ScoringPool:
@@ -371,7 +181,7 @@ class ScoringPool:
         self._timeout_for = timeout_for
         self._scratch = None
         self._idle: queue.SimpleQueue = queue.SimpleQueue()
-        self._workers: set[_Worker] = set()
+        self._workers: set[WorkerProcess] = set()
         self._lock = threading.Lock()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._closed = False
@@ -389,7 +199,7 @@ class ScoringPool:
         if self._sandbox_description is None:
             if self._scratch is None:
                 self._scratch = tempfile.mkdtemp(prefix="alodlm-scoring-")
-            worker = _Worker(self._scratch, self._env, self._arguments)
+            worker = WorkerProcess(self._scratch, self._env, self._arguments)
             try:
                 worker._await_ready()
                 self._describe(worker)
@@ -473,13 +283,13 @@ class ScoringPool:
         for _ in range(self.size):
             self._idle.put(self._new_worker())
 
-    def _new_worker(self) -> _Worker:
-        worker = _Worker(self._scratch, self._env, self._arguments)
+    def _new_worker(self) -> WorkerProcess:
+        worker = WorkerProcess(self._scratch, self._env, self._arguments)
         with self._lock:
             self._workers.add(worker)
         return worker
 
-    def _retire(self, worker: _Worker) -> None:
+    def _retire(self, worker: WorkerProcess) -> None:
         with self._lock:
             self._workers.discard(worker)
         worker.kill()
@@ -487,7 +297,7 @@ class ScoringPool:
     def _warn(self, text: str) -> None:
         print(f"warning: {text}", file=self._stderr or sys.stderr, flush=True)
 
-    def _describe(self, worker: _Worker) -> None:
+    def _describe(self, worker: WorkerProcess) -> None:
         """Keep the first worker's sandbox description; warn once about what is missing."""
         with self._lock:
             if self._sandbox_description is not None or worker.sandbox is None:
@@ -514,17 +324,17 @@ class ScoringPool:
             timeout = timeout_for(record)
             try:
                 reply = worker.request({"record": record, "generation": generation}, timeout)
-            except _Timeout:
+            except WorkerTimeout:
                 reason = TIMEOUT_REASON if is_code_task(record) else NON_CODE_TIMEOUT_REASON
                 detail = f"exceeded the parent-side timeout of {timeout:g} s"
-            except _Died:
+            except WorkerDied:
                 reason = DIED_REASON
                 try:
                     status = worker.process.wait(timeout=1)
                 except subprocess.TimeoutExpired:
                     status = None
                 detail = f"ended its scoring worker (exit status {status})"
-            except _Protocol as error:
+            except ProtocolViolation as error:
                 reason = PROTOCOL_REASON
                 detail = f"received {error} on the verdict channel"
             else:
@@ -558,7 +368,7 @@ class ScoringPool:
         try:
             try:
                 reply = worker.request({"groundtruth": job}, job["timeout"] + 30.0)
-            except (_Timeout, _Died, _Protocol) as error:
+            except (WorkerTimeout, WorkerDied, ProtocolViolation) as error:
                 self._retire(worker)
                 replacement = None if self._closed else self._new_worker()
                 raise RuntimeError(f"{name}: the scoring worker failed while measuring the "

@@ -155,7 +155,7 @@ def run_model(name: str, args) -> dict:
     from alodlm_jax.config import DecodeConfig
     from alodlm_jax.decode.compiled import CompiledEngine
     from alodlm_jax.decode.portable import PortableEngine
-    from alodlm_jax.params import load_model
+    from alodlm_jax.network.params import load_model
 
     path = build_checkpoint(pathlib.Path(args.workdir), name, args.lm_head_scale)
     cfg, params = load_model(str(path), "fp32", per_layer=True)  # the ordinary load's layout
@@ -166,7 +166,7 @@ def run_model(name: str, args) -> dict:
     if not args.skip_torch:
         import torch
 
-        from alodlm_jax.torch_reference import TorchALoDLM
+        from alodlm_jax.compare.torch_reference import TorchALoDLM
 
         torch.manual_seed(0)
         torch_model = TorchALoDLM.from_checkpoint(path, "fp32")
@@ -312,7 +312,7 @@ def scaling(args) -> list[dict]:
     """Compiled engine, small model, entropy mode: wall time against max_new_tokens."""
     from alodlm_jax.config import DecodeConfig
     from alodlm_jax.decode.compiled import CompiledEngine
-    from alodlm_jax.params import load_model
+    from alodlm_jax.network.params import load_model
 
     path = build_checkpoint(pathlib.Path(args.workdir), "small", None)
     cfg, params = load_model(str(path), "fp32", per_layer=True)
@@ -354,7 +354,7 @@ H200_BYTES_PER_SECOND = 4.8e12
 
 def print_step_costs(title: str, rows: list[dict], tokens_per_pass: float | None) -> None:
     """One line per batch size: XLA's cost and memory analysis of one batch step beside the floor
-    (``alodlm_jax.analysis.step_analysis``), and what it implies on an H200's bandwidth."""
+    (``alodlm_jax.plan.analysis.step_analysis``), and what it implies on an H200's bandwidth."""
     print(f"\n== one batch step, XLA cost/memory analysis: {title} ==")
     print(f"  {'batch':>5}{'GFLOP':>10}{'GB accessed':>13}{'GB gathers':>12}{'GB moved':>10}"
           f"{'GB floor':>10}{'moved/floor':>13}{'temp MB':>9}{'H200 steps/s':>14}"
@@ -373,9 +373,9 @@ def print_step_costs(title: str, rows: list[dict], tokens_per_pass: float | None
 
 def bench_step_costs(name: str, args) -> list[dict]:
     from alodlm_jax.config import DecodeConfig
-    from alodlm_jax.analysis import step_analysis
+    from alodlm_jax.plan.analysis import step_analysis
     from alodlm_jax.decode.window import Bucket
-    from alodlm_jax.params import load_model
+    from alodlm_jax.network.params import load_model
 
     path = build_checkpoint(pathlib.Path(args.workdir), name, args.lm_head_scale)
     cfg, params = load_model(str(path), "fp32", per_layer=True)
@@ -388,16 +388,16 @@ def bench_step_costs(name: str, args) -> list[dict]:
 
 
 def layer_costs(name: str, batch: int, slots: int, args) -> dict:
-    """XLA's bytes accessed for one core layer of the batch step (``model._window_layer_rows`` on
-    ``batch * W`` packed rows, prefix of ``slots`` cache slots) and for its pieces compiled alone,
-    beside the layer's weights and the K/V it attends to."""
+    """XLA's bytes accessed for one core layer of the batch step
+    (``network.window_layers.window_layer_rows`` on ``batch * W`` packed rows, prefix of ``slots``
+    cache slots) and for its pieces compiled alone, beside the layer's weights and the K/V it
+    attends to."""
     import jax
     import jax.numpy as jnp
 
-    from alodlm_jax import attention as A
-    from alodlm_jax import model as M
-    from alodlm_jax import rows as R
-    from alodlm_jax.params import load_model
+    from alodlm_jax.network import attention as A, cache as KC, layers as L, rows as R
+    from alodlm_jax.network import window_layers as WL
+    from alodlm_jax.network.params import load_model
 
     path = build_checkpoint(pathlib.Path(args.workdir), name, args.lm_head_scale)
     cfg, params = load_model(str(path), "fp32", per_layer=True)
@@ -411,13 +411,13 @@ def layer_costs(name: str, batch: int, slots: int, args) -> dict:
 
     def layer(lp, h, positions, counts, k_all, v_all, start, depth):
         m = R.row_map(counts, packed)
-        cos, sin = M.rope_tables(positions, dh, cfg.rope_theta, h.dtype)
-        bucket = M.kv_bucket_index(M.kv_buckets(slots), jnp.max(start))
-        return M._window_layer_rows(lp, eps, h, cos, sin, k_all, v_all, 0, depth, start, bucket,
+        cos, sin = L.rope_tables(positions, dh, cfg.rope_theta, h.dtype)
+        bucket = KC.kv_bucket_index(KC.kv_buckets(slots), jnp.max(start))
+        return WL.window_layer_rows(lp, eps, h, cos, sin, k_all, v_all, 0, depth, start, bucket,
                                     m, rows)
 
     def qkv(lp, h, positions):
-        return M._qkv(lp, eps, h, *M.rope_tables(positions, dh, cfg.rope_theta, h.dtype))
+        return L.qkv(lp, eps, h, *L.rope_tables(positions, dh, cfg.rope_theta, h.dtype))
 
     pieces = {
         "layer": (layer, (lp, spec((packed, hidden)), i32(packed), i32(batch), cache, cache,
@@ -427,7 +427,7 @@ def layer_costs(name: str, batch: int, slots: int, args) -> dict:
             spec((batch, rows, heads, dh)), spec((batch, slots, nkv, dh)),
             spec((batch, slots, nkv, dh)), i32(batch), spec((batch, rows, nkv, dh)),
             spec((batch, rows, nkv, dh)))),
-        "output+mlp": (lambda lp, h, a: M._attention_out_and_mlp(lp, eps, h, a),
+        "output+mlp": (lambda lp, h, a: L.attention_out_and_mlp(lp, eps, h, a),
                        (lp, spec((packed, hidden)), spec((packed, heads, dh)))),
     }
     out = {"weights_bytes": sum(x.size * 4 for x in jax.tree_util.tree_leaves(lp)),
@@ -444,7 +444,7 @@ def layer_costs(name: str, batch: int, slots: int, args) -> dict:
 def released_step_costs(name: str, args) -> list[dict]:
     """The batch step of a released model's shapes in bf16, compiled for this machine's backend
     from parameter shapes alone (no weights in memory, nothing decoded)."""
-    from alodlm_jax.analysis import step_analysis
+    from alodlm_jax.plan.analysis import step_analysis
     from alodlm_jax.decode.window import Bucket
     from alodlm_jax.testing.released_shapes import model_config, param_specs
 

@@ -57,11 +57,11 @@ def worker(spec: dict) -> dict:
     """One process: build the generator on its mesh, compile, (wait at the barrier,) decode."""
     import numpy as np
 
-    from alodlm_jax.analysis import collectives, step_collectives
+    from alodlm_jax.plan.analysis import collectives, step_collectives
     from alodlm_jax.config import DecodeConfig
     from alodlm_jax.decode import batched
     from alodlm_jax.generate import build_generator
-    from alodlm_jax.sharding import MeshSpec
+    from alodlm_jax.network.sharding import MeshSpec
 
     decode = DecodeConfig(q=0.5, tau=0.4, window_size=4, max_new_tokens=spec["max_new_tokens"])
     gen = build_generator(model=spec["model"], mesh=MeshSpec.parse(spec["mesh"]), device="cpu",

@@ -19,7 +19,7 @@ The settings cover both modes, windows 7, 10, 16 and 20, a position penalty, a s
 sandwich topology (prelude, core, coda; the one where batch 8 first disagreed on an H200: 7
 layers, loop [2, 5), hidden 128, 4/2 heads of 32, vocabulary 224, rope theta 20000, RMSNorm
 weights jittered by 5 %) and an all-layer one (the 1.7B's form). On one GPU the batch step of a
-16-slot window (32 rows) attends in the Triton kernel (alodlm_jax/window_kernel.py), the others
+16-slot window (32 rows) attends in the Triton kernel (alodlm_jax/kernels/window.py), the others
 in XLA's form.
 """
 
@@ -42,7 +42,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from alodlm_convert.config import ModelConfig  # noqa: E402
-from alodlm_jax import rows as R  # noqa: E402
+from alodlm_jax.network import rows as R  # noqa: E402
 from alodlm_jax.config import DecodeConfig  # noqa: E402
 from alodlm_jax.decode.compiled import CompiledEngine  # noqa: E402
 from alodlm_jax.testing.released_shapes import random_params  # noqa: E402
@@ -253,7 +253,7 @@ def main(argv=None) -> int:
     parser.add_argument("--batches", default="1,8,32",
                         help="comma-separated batch sizes (1: one request at a time)")
     parser.add_argument("--shapes", default="platform", choices=("platform",) + R.SHAPES,
-                        help="the device side's shape policy (alodlm_jax/rows.py); default: the "
+                        help="the device side's shape policy (alodlm_jax/network/rows.py); default: the "
                              "one evaluate uses on that platform")
     parser.add_argument("--prompts", type=int, default=len(PROMPT_LENGTHS),
                         help=f"prompts per setting (1-{len(PROMPT_LENGTHS)})")

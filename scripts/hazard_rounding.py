@@ -55,8 +55,8 @@ def prompt_of(length: int) -> list[int]:
 
 
 def load_sides(path):
-    from alodlm_jax.params import load_model
-    from alodlm_jax.torch_reference import TorchALoDLM
+    from alodlm_jax.network.params import load_model
+    from alodlm_jax.compare.torch_reference import TorchALoDLM
 
     cfg, params = load_model(str(path), "fp32")
     ref = TorchALoDLM.from_checkpoint(path, "fp32")
@@ -103,7 +103,7 @@ def decode_part(sides, lengths) -> None:
 def _prefill(side, prompt):
     import torch
 
-    from alodlm_jax.torch_reference import DepthCache, append_rows
+    from alodlm_jax.compare.torch_reference import DepthCache, append_rows
 
     cache = DepthCache()
     with torch.no_grad():
@@ -117,9 +117,12 @@ def layers_part(sides, lengths) -> None:
     import jax.numpy as jnp
     import torch
 
-    from alodlm_jax import model as M
+    from alodlm_jax.network import cache as C
+    from alodlm_jax.network import layers as L
+    from alodlm_jax.network import model as M
+    from alodlm_jax.network import window_layers as WL
     from alodlm_jax.decode.window import Bucket
-    from alodlm_jax.torch_reference import DepthCache
+    from alodlm_jax.compare.torch_reference import DepthCache
 
     cfg, params, ref, exact = sides
     params = M.unstack_layers(params)
@@ -140,15 +143,15 @@ def layers_part(sides, lengths) -> None:
                 h, _ = ref.layer(i, h, pos, cache.entries[(i, 0)])
                 outs.append(h)
         t_max = Bucket.for_request(n, DECODE).t_max  # the portable engine's cache
-        sizes = M.kv_buckets(t_max)
-        bucket = M.kv_bucket_index(sizes, n)
-        cos, sin = M.rope_tables(jnp.arange(n, n + WINDOW, dtype=jnp.int32), cfg.head_dim,
+        sizes = C.kv_buckets(t_max)
+        bucket = C.kv_bucket_index(sizes, n)
+        cos, sin = L.rope_tables(jnp.arange(n, n + WINDOW, dtype=jnp.int32), cfg.head_dim,
                                  cfg.rope_theta, jnp.float32)
 
         @jax.jit
         def layer(lp, h, k_all, v_all):
-            return M._window_layer(lp, eps, h, cos, sin, k_all, v_all, (jnp.int32(0),),
-                                   jnp.int32(n), bucket)[0]
+            return WL.window_layer(lp, eps, h, cos, sin, k_all, v_all, (jnp.int32(0),),
+                                    jnp.int32(n), bucket)[0]
 
         def buffers(i):
             k, v = cache.entries[(i, 0)]
@@ -258,7 +261,7 @@ def dot_part(_sides, lengths) -> None:
     import jax
     import torch
 
-    from alodlm_jax import attention as A
+    from alodlm_jax.network import attention as A
 
     def error(y, truth):
         y = np.asarray(y, np.float64)
@@ -306,7 +309,7 @@ def main(argv=None) -> int:
         parser.error("--lengths must be in [1, 1952] (the case's context is 2,048 positions)")
     import transformers
 
-    from alodlm_jax import attention
+    from alodlm_jax.network import attention
     from alodlm_jax.testing.tiny_checkpoint import build_tiny_checkpoint
 
     transformers.logging.set_verbosity_error()

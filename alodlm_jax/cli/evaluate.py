@@ -84,7 +84,7 @@ flags.DEFINE_integer("limit", None, "Evaluate only the first N tasks of each ben
 flags.DEFINE_boolean("quiet", False, "Print no progress on stderr: no phase lines (loading, "
                      "tokenizing, compiling), no task bar (on a terminal) and no progress lines "
                      "(in a log or a pipe).", flag_values=FLAGS)
-# Scaling out over processes (alodlm_jax.distributed; docs/scaling.md).
+# Scaling out over processes (alodlm_jax.cli.distributed; docs/scaling.md).
 flags.DEFINE_string("coordinator_address", None, "Generate mode, several processes: host:port of "
                     "process 0 for jax.distributed, or 'auto' (JAX's cluster detection). Each "
                     "process decodes its share of the tasks; process 0 merges the shards.",
@@ -97,7 +97,7 @@ flags.DEFINE_enum("task_split", "round_robin", ["round_robin", "contiguous"], "H
                   "multi-process run splits the tasks (deterministic).", flag_values=FLAGS)
 
 
-_process_info = None  # alodlm_jax.distributed.ProcessInfo of a multi-process run (generate mode)
+_process_info = None  # alodlm_jax.cli.distributed.ProcessInfo of a multi-process run (generate mode)
 _subset = None  # protocol.subset of a --limit run (alodlm_scoring.tasks.subset_record)
 
 
@@ -130,7 +130,7 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
         settings = dataclasses.replace(settings, free={**settings.free, "batch_size": batch_size})
     generator, engine, device = generator_from_flags(
         FLAGS, decode, several_processes=_process_info is not None)
-    from alodlm_jax import sharding
+    from alodlm_jax.network import sharding
 
     mesh = sharding.MeshSpec.parse(FLAGS.mesh)
     from alodlm_jax.generate import check_task_prompts
@@ -189,7 +189,7 @@ def _generate_mode(tasks: Sequence[Mapping[str, Any]], state, decode: DecodeConf
         return _with_subset(block)
 
     if _process_info is not None:
-        from alodlm_jax import distributed
+        from alodlm_jax.cli import distributed
 
         return distributed.evaluate_sharded(
             tasks, FLAGS.output, _process_info, generate=lambda task: generator.generate(task["prompt"]),
@@ -231,7 +231,7 @@ def _resolve_batch_size(tasks: Sequence[Mapping[str, Any]], decode: DecodeConfig
     device (alodlm_jax.plan.auto); returns the protocol's record of the choice."""
     if FLAGS.engine != "compiled":
         raise ValueError("--batch_size auto needs --engine compiled")
-    from alodlm_jax import sharding
+    from alodlm_jax.network import sharding
     from alodlm_jax.generate import default_device
     from alodlm_jax.plan.auto import auto_batch_size
 
@@ -310,7 +310,7 @@ def _evaluate_with(progress: Progress) -> int:
     _process_info = None
     if FLAGS.predictions is None and (FLAGS.coordinator_address is not None
                                       or FLAGS.num_processes is not None or FLAGS.process_id is not None):
-        from alodlm_jax import distributed  # several processes: each writes its own shard
+        from alodlm_jax.cli import distributed  # several processes: each writes its own shard
 
         _process_info = distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes,
                                                FLAGS.process_id)

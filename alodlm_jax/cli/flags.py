@@ -328,7 +328,7 @@ def define_generator_flags(flag_values: flags.FlagValues, *, model_note: str = "
                  "programs fit the device (alodlm_jax.plan.auto; at most the number of tasks), "
                  "recorded with how it was chosen as protocol.batch_size_auto.",
                  serializer=flags.ArgumentSerializer(), **d)
-    # Scaling out on local devices (alodlm_jax.sharding; docs/scaling.md).
+    # Scaling out on local devices (alodlm_jax.network.sharding; docs/scaling.md).
     flags.DEFINE_string("mesh", None, "Generate mode: a (data, model) mesh over this process's "
                         "local devices, e.g. model=4, data=8 or data=2,model=4: model splits the "
                         "weights and KV cache (tensor parallelism), data the --batch_size request "
@@ -405,7 +405,7 @@ def generator_from_flags(flag_values: flags.FlagValues, decode, *, several_proce
     require_model(fv)
     engine = fv.engine  # no fallback: the engine asked for (or the default) runs, or none
     from alodlm_jax import generate as generation  # imports JAX when it generates
-    from alodlm_jax import sharding
+    from alodlm_jax.network import sharding
 
     mesh = sharding.MeshSpec.parse(fv.mesh)
     generation.check_batch_size(engine, fv.batch_size)

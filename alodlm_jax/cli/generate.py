@@ -65,7 +65,7 @@ def _generate() -> int:
     device = FLAGS.device or default_device()
     cache_dir = apply_compilation_flags(FLAGS)
     if FLAGS.mesh is not None:
-        from alodlm_jax import sharding
+        from alodlm_jax.network import sharding
 
         if sharding.MeshSpec.parse(FLAGS.mesh).data > 1:
             raise FlagError("mesh", "the data axis splits a batch of requests and this command "

@@ -179,7 +179,7 @@ def _plan() -> int:
         raise ValueError(missing)
     if target.kind != "attached":
         _use_cpu_backend()
-    from alodlm_jax import sharding
+    from alodlm_jax.network import sharding
 
     mesh_spec = sharding.MeshSpec.parse(fv.mesh)
     if mesh_spec.num_devices > 1:

@@ -180,9 +180,9 @@ def run_model_comparison(model: str, prompts: Sequence[PromptSpec], *, precision
     import torch  # noqa: PLC0415
 
     from alodlm_jax import generate  # noqa: PLC0415
-    from alodlm_jax.model import looped_forward  # noqa: PLC0415
-    from alodlm_jax.params import load_model  # noqa: PLC0415
-    from alodlm_jax.torch_reference import TorchALoDLM  # noqa: PLC0415
+    from alodlm_jax.network.model import looped_forward  # noqa: PLC0415
+    from alodlm_jax.network.params import load_model  # noqa: PLC0415
+    from alodlm_jax.compare.torch_reference import TorchALoDLM  # noqa: PLC0415
 
     if torch_side not in ("auto", "official", "reference"):
         raise CompareInputError(f"--torch_side must be auto, official or reference, got {torch_side!r}")

@@ -14,9 +14,9 @@ work its live requests need:
    stops; on an NVIDIA GPU every step, on every slot's small state, kept where the window
    stopped, since XLA:GPU copied that state around the conditional), and open at the next step.
 
-The network runs on the live requests' valid rows packed into one matrix (:mod:`alodlm_jax.rows`:
-a ``lax.switch`` over :func:`alodlm_jax.rows.step_shapes`; one shape, every row, under the
-accelerators' :data:`~alodlm_jax.rows.FIXED` policy); attention, which reads each request's own
+The network runs on the live requests' valid rows packed into one matrix (:mod:`alodlm_jax.network.rows`:
+a ``lax.switch`` over :func:`alodlm_jax.network.rows.step_shapes`; one shape, every row, under the
+accelerators' :data:`~alodlm_jax.network.rows.FIXED` policy); attention, which reads each request's own
 cache at its own depth, and the heads run per request in the *lanes* of the requests with rows
 (lane ``b`` is request ``b`` under ``FIXED``). Windows are not synchronized: a request whose
 window stops starts its next window at the next step. Finished or empty slots idle: they
@@ -38,11 +38,15 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from alodlm_jax import model as M
-from alodlm_jax import rows as R
+from alodlm_jax.network import model as M
+from alodlm_jax.network import cache as KC
+from alodlm_jax.network import layers as L
+from alodlm_jax.network import window_layers as WL
+from alodlm_jax.network import rows as R
 from alodlm_jax.decode import state as S
 from alodlm_jax.decode import window as W
 from alodlm_jax.decode.layout import Program
+from alodlm_jax.kernels import select
 
 
 @struct.dataclass
@@ -77,7 +81,7 @@ def _select(mask, new, old):
 
 
 def _on_rows(counts, shapes, make_branch, *operands):
-    """``make_branch(R, A)(*operands)`` for the first of ``shapes`` (:func:`alodlm_jax.rows.step_shapes`,
+    """``make_branch(R, A)(*operands)`` for the first of ``shapes`` (:func:`alodlm_jax.network.rows.step_shapes`,
     ``(0, 0)`` a branch of its own where listed) holding ``counts``' rows and requests with rows
     (one ``lax.switch``)."""
     index = R.step_shape_index(shapes, counts)
@@ -88,7 +92,7 @@ def _prelude_rows(params, cache, packed, opening, prefix_limit, *, cfg, rows, sh
     """Embedding and prelude of the windows that open this step, their rows packed together:
     ``(h [B, W, H], (k, v) [B, L_pre, W, n_kv, d_h])``, zeros for the other requests. Reads the
     cache only (stores follow the switch, :func:`.window.window_prelude`). ``shapes``: the
-    :mod:`alodlm_jax.rows` policy (a step in which no window opens skips the prelude in both)."""
+    :mod:`alodlm_jax.network.rows` policy (a step in which no window opens skips the prelude in both)."""
     batch = packed.ids.shape[0]
     hidden = params["embed"].shape[1]
     counts = jnp.where(opening, packed.num_rows, 0)
@@ -101,14 +105,14 @@ def _prelude_rows(params, cache, packed, opening, prefix_limit, *, cfg, rows, sh
                 return jnp.zeros((batch, rows, hidden), params["embed"].dtype), (zeros, zeros)
             m = R.row_map(counts, size, lanes, in_order=fixed)
             h = M.embed(params, R.to_rows(packed.ids, m))
-            h, k, v = M.run_window_rows(params["prelude"], cfg, h, R.to_rows(packed.positions, m), m,
+            h, k, v = WL.run_window_rows(params["prelude"], cfg, h, R.to_rows(packed.positions, m), m,
                                         cache.prelude_k, cache.prelude_v, packed.start,
                                         prefix_limit=prefix_limit, rows=rows, **attend)
             return R.from_rows(h, m, rows), (k, v)
         return run
 
     fixed = R.is_fixed(shapes)
-    attend = R.attention(shapes)
+    attend = select.attention_options(shapes)
     return _on_rows(counts, ((0, 0),) + R.step_shapes(batch, rows, shapes), branch, cache)
 
 
@@ -125,13 +129,13 @@ def _pass_rows(params, cache, h, packed, depth, live, prefix_limit, *, cfg, rows
         def run(cache, h_in):
             m = R.row_map(counts, size, lanes, in_order=fixed)
             positions = R.to_rows(packed.positions, m)
-            h, *core_kv = M.run_window_rows(params["core"], cfg, R.to_rows(h_in, m), positions, m,
+            h, *core_kv = WL.run_window_rows(params["core"], cfg, R.to_rows(h_in, m), positions, m,
                                             cache.core_k, cache.core_v, packed.start, depth,
                                             prefix_limit=prefix_limit, rows=rows, **attend)
-            r, *coda_kv = M.run_window_rows(params["coda"], cfg, h, positions, m, cache.coda_k,
+            r, *coda_kv = WL.run_window_rows(params["coda"], cfg, h, positions, m, cache.coda_k,
                                             cache.coda_v, packed.start, prefix_limit=prefix_limit,
                                             rows=rows, **attend)
-            r = R.to_lanes(M.rms_norm(r, params["final_norm"], cfg.rms_norm_eps), m, rows)
+            r = R.to_lanes(L.rms_norm(r, params["final_norm"], cfg.rms_norm_eps), m, rows)
             lane_packed = jax.tree_util.tree_map(lambda x: R.by_lane(x, m), packed)
             pred, entropy = jax.vmap(W.token_heads, (None, 0, 0, None))(params, r, lane_packed,
                                                                         heads)
@@ -141,7 +145,7 @@ def _pass_rows(params, cache, h, packed, depth, live, prefix_limit, *, cfg, rows
         return run
 
     fixed = R.is_fixed(shapes)
-    attend = R.attention(shapes)
+    attend = select.attention_options(shapes)
     return _on_rows(counts, R.step_shapes(batch, rows, shapes), branch, cache, h)
 
 
@@ -173,7 +177,7 @@ def _complete_stopped(cache, core_kv, start, stop, executed, max_depth: int):
 def batch_step(params, cache, slots, consts, *, cfg, window_size, mode, shapes=R.BUCKETED):
     """One step: one recurrent pass of every live request, each at its own depth (module
     docstring). The network runs on the live requests' valid rows packed together
-    (:class:`alodlm_jax.rows.RowMap`): the prelude only for the windows that open, core and
+    (:class:`alodlm_jax.network.rows.RowMap`): the prelude only for the windows that open, core and
     readout for every live window; cache completion only for the windows that stop, and their §6.5
     window bookkeeping."""
     rows = 2 * window_size
@@ -191,7 +195,7 @@ def batch_step(params, cache, slots, consts, *, cfg, window_size, mode, shapes=R
     # go to the scratch slots.
     h0, prelude_kv = _prelude_rows(params, cache, packed, opening, prefix_limit, cfg=cfg, rows=rows,
                                    shapes=shapes)
-    cache = vm(lambda c, st, kv: M.store_window(c, st, prelude=kv))(
+    cache = vm(lambda c, st, kv: KC.store_window(c, st, prelude=kv))(
         cache, jnp.where(opening, real_start, scratch), prelude_kv)
     h = jnp.where(opening[:, None, None], h0, slots.h)
     pst = _select(opening, vm(S.init_pass_state, (0, None))(packed, consts["penalty"]), slots.pst)
@@ -204,7 +208,7 @@ def batch_step(params, cache, slots, consts, *, cfg, window_size, mode, shapes=R
         params, cache, h, packed, depth, live, prefix_limit, cfg=cfg, rows=rows, heads=window_size,
         shapes=shapes)
     here = jnp.where(live, real_start, scratch)
-    cache = vm(lambda c, st, d, core, coda: M.store_window(c, st, d, core=core, coda=coda))(
+    cache = vm(lambda c, st, d, core, coda: KC.store_window(c, st, d, core=core, coda=coda))(
         cache, here, depth, core_kv, coda_kv)
     decide = functools.partial(S.decide_pass, q=consts["q"], tau=consts["tau"], mode=mode,
                                max_depth=cfg.max_depth)
@@ -247,7 +251,7 @@ def run_program(params, cache, slots, consts, stop_early, *, cfg, window_size, m
     waiting one), and in any case after ``consts["step_budget"]`` steps (so that a server admits
     a request that arrives while no slot finishes, and streams what committed). Returning early
     moves no token: the next execution continues from the carry, step for step.
-    ``shapes``: the :mod:`alodlm_jax.rows` policy."""
+    ``shapes``: the :mod:`alodlm_jax.network.rows` policy."""
     W.TRACE_COUNTS["batch"] += 1
     entry_live = ~slots.dstate.finished
     budget = consts["step_budget"]

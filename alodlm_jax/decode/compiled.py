@@ -33,8 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from alodlm_jax import model as M
-from alodlm_jax import rows as R
+from alodlm_jax.network import cache as KC
+from alodlm_jax.network import rows as R
 from alodlm_jax.config import DecodeConfig
 from alodlm_jax.decode import scheduler
 from alodlm_jax.decode import state as S
@@ -52,7 +52,7 @@ from alodlm_jax.decode.window import Bucket
 def single_program(params, cache, prompt, prompt_len, consts, *, cfg, window_size, mode, capacity,
                    shapes=R.BUCKETED):
     """Prefill + outer window loop + inner pass loop, one request. Returns ``(cache, DecodeState)``.
-    ``shapes``: the :mod:`alodlm_jax.rows` policy of every forward."""
+    ``shapes``: the :mod:`alodlm_jax.network.rows` policy of every forward."""
     W.TRACE_COUNTS["single"] += 1
     cache = W.prefill(params, cache, prompt, cfg=cfg, shapes=shapes)
     dstate = S.DecodeState.initial(rows=2 * window_size, capacity=capacity,
@@ -123,7 +123,7 @@ class CompiledEngine:
       layout: the devices the programs run on (:mod:`.layout`: one device, or a ``("data",
         "model")`` mesh whose ``model`` axis ``params`` are already sharded on); ``batch_size``
         must be a multiple of its ``data``.
-      shapes: the programs' shape policy (:mod:`alodlm_jax.rows`); by default the one of the
+      shapes: the programs' shape policy (:mod:`alodlm_jax.network.rows`); by default the one of the
         platform the params are on (the layout's, for abstract params): row and attention buckets
         on a CPU, one fixed shape on a GPU or TPU.
       graphs: on a GPU, compile with loops and branches in command buffers too
@@ -211,7 +211,7 @@ class CompiledEngine:
 
     def cache_spec(self, bucket: Bucket, batched: bool):
         """Abstract cache of ``bucket`` (with its layout's shardings)."""
-        cache = jax.eval_shape(lambda: M.init_cache(self.cfg, bucket.t_max, self.dtype))
+        cache = jax.eval_shape(lambda: KC.init_cache(self.cfg, bucket.t_max, self.dtype))
         if batched:
             cache = jax.tree_util.tree_map(
                 lambda x: jax.ShapeDtypeStruct((bucket.batch,) + x.shape, x.dtype), cache)

@@ -5,7 +5,7 @@ A :class:`Layout` is the compiled engine's only notion of devices. The programs 
 for one request or one batch on one device; a layout places their inputs and says how XLA runs them:
 
 * ``model`` (tensor parallelism) splits the weights and the KV cache by the rules of
-  :mod:`alodlm_jax.sharding` (attention by heads, the MLP by its intermediate dimension, the
+  :mod:`alodlm_jax.network.sharding` (attention by heads, the MLP by its intermediate dimension, the
   embedding and LM head by the vocabulary). The programs are compiled for inputs with those
   ``NamedSharding``s and JAX's SPMD partitioner inserts the collectives: the two all-reduces per
   layer that Megatron-style splitting implies (after ``o`` and after ``down_proj``) plus the ones
@@ -41,8 +41,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from alodlm_jax import model as M
-from alodlm_jax import sharding as SH
+from alodlm_jax.network import cache as KC
+from alodlm_jax.network import sharding as SH
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -148,7 +148,7 @@ class Layout:
     def new_cache(self, cfg, t_max: int, dtype, batch: int | None):
         """A zeroed cache (``batch`` slots, or one request's with None), created in its shards."""
         def make():
-            cache = M.init_cache(cfg, t_max, dtype)
+            cache = KC.init_cache(cfg, t_max, dtype)
             if batch is None:
                 return cache
             return jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (batch,) + x.shape), cache)

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from alodlm_jax import model as M
+from alodlm_jax.network import cache as KC
 from alodlm_jax.config import DecodeConfig
 from alodlm_jax.decode import state as S
 from alodlm_jax.decode import window as W
@@ -97,11 +97,11 @@ class PortableEngine:
 
     Args:
       cfg: the model's ``ModelConfig`` (hashable; a static argument of every compiled function).
-      params: the jax params pytree (``alodlm_jax.params``).
+      params: the jax params pytree (``alodlm_jax.network.params``).
       decode: the decoding configuration.
       stop_ids: the stop token ids (§4.7).
       cache_sharding: a ``KVCache`` of NamedShardings the cache is created in (tensor
-        parallelism, :func:`alodlm_jax.sharding.cache_shardings`), or None for the default device.
+        parallelism, :func:`alodlm_jax.network.sharding.cache_shardings`), or None for the default device.
     """
 
     name = "jax-xla-portable"
@@ -131,7 +131,7 @@ class PortableEngine:
             rows=shapes.rows, capacity=shapes.capacity, mask_id=self.cfg.mask_token_id, cache_len=0))
 
     def _cache_spec(self, t_max: int):
-        spec = jax.eval_shape(lambda: M.init_cache(self.cfg, t_max, self.dtype))
+        spec = jax.eval_shape(lambda: KC.init_cache(self.cfg, t_max, self.dtype))
         if self.cache_sharding is None:
             return spec
         return jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
@@ -139,8 +139,8 @@ class PortableEngine:
 
     def _new_cache(self, t_max: int):
         if self.cache_sharding is None:
-            return M.init_cache(self.cfg, t_max, self.dtype)
-        init = jax.jit(lambda: M.init_cache(self.cfg, t_max, self.dtype), out_shardings=self.cache_sharding)
+            return KC.init_cache(self.cfg, t_max, self.dtype)
+        init = jax.jit(lambda: KC.init_cache(self.cfg, t_max, self.dtype), out_shardings=self.cache_sharding)
         return init()
 
     def _get(self, name: str, key: tuple, make_args) -> Any:

@@ -27,9 +27,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from alodlm_jax import model as M
-from alodlm_jax import rows as R
+from alodlm_jax.network import model as M
+from alodlm_jax.network import cache as KC
+from alodlm_jax.network import layers as L
+from alodlm_jax.network import rows as R
 from alodlm_jax.config import DecodeConfig
+from alodlm_jax.kernels import select
 from alodlm_jax.decode import state as S
 from alodlm_jax.decode.result import DecodeOutput, work_counters
 
@@ -55,8 +58,8 @@ class Bucket:
     at least 64) on purpose: XLA:CPU's attention reductions over the cache are not bitwise
     independent of the buffer length (masked slots included), so equal cache sizes are part of what
     makes the engines' fp32 outputs identical. The compiled engine's
-    :data:`~alodlm_jax.rows.FIXED` shapes, which attend over every slot at every step, round the
-    same sum up to a multiple of :data:`~alodlm_jax.rows.FIXED_SLOT_MULTIPLE` instead
+    :data:`~alodlm_jax.network.rows.FIXED` shapes, which attend over every slot at every step, round the
+    same sum up to a multiple of :data:`~alodlm_jax.network.rows.FIXED_SLOT_MULTIPLE` instead
     (``slot_multiple``; for a batch, the sum with the scratch slots, so that :attr:`t_max` is the
     multiple: the TPU attention kernel reads the cache in blocks of 256 or 512 slots). A batch adds
     ``W`` scratch slots.
@@ -172,7 +175,7 @@ def signature(tree) -> tuple:
 
 
 def abstract(tree):
-    """Abstract values; a NamedSharding (tensor-parallel params, ``alodlm_jax.sharding``) is kept
+    """Abstract values; a NamedSharding (tensor-parallel params, ``alodlm_jax.network.sharding``) is kept
     so the executables are compiled for it. Single-device values stay unspecified."""
     def spec(x):
         sharding = getattr(x, "sharding", None)
@@ -190,8 +193,8 @@ def abstract(tree):
 def prefill(params, cache, ids, cfg, shapes=R.BUCKETED):
     """§6.2: one causal forward over the padded prompt, all K passes, K/V into slots 0..P_b-1.
 
-    :data:`~alodlm_jax.rows.FIXED` attends over the prompt bucket's slots (static) instead of the
-    smallest :func:`~alodlm_jax.model.kv_buckets` length holding them (the same visible slots),
+    :data:`~alodlm_jax.network.rows.FIXED` attends over the prompt bucket's slots (static) instead of the
+    smallest :func:`~alodlm_jax.network.cache.kv_buckets` length holding them (the same visible slots),
     and runs the ``K`` passes as one loop rather than unrolled (a quarter of the program)."""
     positions = jnp.arange(ids.shape[0], dtype=jnp.int32)
     start = jnp.int32(0)
@@ -227,7 +230,7 @@ def row_buckets(window_size: int) -> tuple[int, ...]:
 def _on_row_bucket(rows: int, needed, make_branch, *operands, shapes=R.BUCKETED):
     """``make_branch(n)(*operands)`` for the smallest row bucket ``n`` holding ``needed`` rows: one
     ``lax.switch`` (``needed`` must not be batched under ``vmap``: a batch passes a shared value);
-    :data:`~alodlm_jax.rows.FIXED`: all ``rows``, no switch."""
+    :data:`~alodlm_jax.network.rows.FIXED`: all ``rows``, no switch."""
     if R.is_fixed(shapes):
         return make_branch(rows)(*operands)
     buckets = row_buckets(rows // 2)
@@ -261,11 +264,11 @@ def window_prelude(params, cache, packed, *, cfg, prefix_limit=None, rows_needed
     at every layer, when the layers wrote their slots inside the switch), so the writes stay out
     of it. Rows past the bucket are padding (zeros). ``prefix_limit``: see
     ``model.run_window_stack`` (a batch passes one limit shared by its requests). ``shapes``: the
-    :mod:`alodlm_jax.rows` policy (:data:`~alodlm_jax.rows.FIXED`: every row, the whole cache).
+    :mod:`alodlm_jax.network.rows` policy (:data:`~alodlm_jax.network.rows.FIXED`: every row, the whole cache).
     """
     h, kv = prelude_rows(params, cache, packed, cfg=cfg, prefix_limit=prefix_limit,
                          rows_needed=rows_needed, shapes=shapes)
-    return M.store_window(cache, packed.start, prelude=kv), h
+    return KC.store_window(cache, packed.start, prelude=kv), h
 
 
 def _rope_rows(packed, n: int):
@@ -283,7 +286,7 @@ def prelude_rows(params, cache, packed, *, cfg, prefix_limit=None, rows_needed=N
             h = M.embed(params, packed.ids[:n])
             h, kv = M.prelude_window(params, cfg, h, packed.positions[:n], cache, packed.start,
                                      prefix_limit=prefix_limit, rope=_rope_rows(packed, n),
-                                     **R.attention(shapes))
+                                     **select.attention_options(shapes))
             return _pad_rows(h, rows), _pad_kv(kv, rows)
         return run
 
@@ -309,7 +312,7 @@ def window_pass(params, cache, h, packed, pst, depth, q, tau, *, cfg, mode, pref
         def run(cache, h_in):
             positions = packed.positions[:n]
             attend = dict(prefix_limit=prefix_limit, rope=_rope_rows(packed, n),
-                          **R.attention(shapes))
+                          **select.attention_options(shapes))
             h, core_kv = M.core_window(params, cfg, h_in[:n], positions, cache, packed.start, depth,
                                        **attend)
             r, coda_kv = M.readout_window(params, cfg, h, positions, cache, packed.start, **attend)
@@ -319,7 +322,7 @@ def window_pass(params, cache, h, packed, pst, depth, q, tau, *, cfg, mode, pref
 
     needed = packed.num_rows if rows_needed is None else rows_needed
     h, r, core_kv, coda_kv = _on_row_bucket(rows, needed, branch, cache, h, shapes=shapes)
-    cache = M.store_window(cache, packed.start, depth, core=core_kv, coda=coda_kv)
+    cache = KC.store_window(cache, packed.start, depth, core=core_kv, coda=coda_kv)
     pred, entropy = token_heads(params, r, packed, rows // 2)
     hazard = M.gate_hazard(params, r, depth)
     pst, stop = S.decide_pass(pst, pred, entropy, hazard, depth, q=q, tau=tau, mode=mode,
@@ -361,12 +364,12 @@ def open_window(params, cache, dstate, consts, *, cfg, prefix_limit=None, rows_n
     """§6.5 step 4 and the window's one-time part of §2.4: packing, embedding, prelude.
 
     ``prefix_limit``, ``rows_needed``: a batch passes values shared by its requests
-    (:func:`window_prelude`); ``shapes``: the :mod:`alodlm_jax.rows` policy."""
+    (:func:`window_prelude`); ``shapes``: the :mod:`alodlm_jax.network.rows` policy."""
     packed = S.pack_window(dstate.window, dstate.cache_len, mask_id=cfg.mask_token_id)
     # What every pass of the window reads, made once here (the batch step packs without them:
     # carried in its state, the count cost it two kernels a step more than it saved).
     packed = packed.replace(observed=S.observed_rows(packed),
-                            rope=M.rope_tables(packed.positions, cfg.head_dim, cfg.rope_theta,
+                            rope=L.rope_tables(packed.positions, cfg.head_dim, cfg.rope_theta,
                                                params["embed"].dtype))
     pst = S.init_pass_state(packed, consts["penalty"])
     cache, h = window_prelude(params, cache, packed, cfg=cfg, prefix_limit=prefix_limit,
@@ -376,7 +379,7 @@ def open_window(params, cache, dstate, consts, *, cfg, prefix_limit=None, rows_n
 
 def close_window(cache, dstate, packed, pst, executed, consts, *, cfg, window_size):
     """§5 completion, §6.5 steps 5-8, then the next window's finish test and top-up."""
-    cache = M.complete_depths(cache, packed.start, packed.ids.shape[0], executed)
+    cache = KC.complete_depths(cache, packed.start, packed.ids.shape[0], executed)
     return cache, end_and_begin(dstate, packed, pst, executed, consts, cfg=cfg, window_size=window_size)
 
 

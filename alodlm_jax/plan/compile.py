@@ -43,7 +43,7 @@ import time
 
 import jax
 
-from alodlm_jax.params import per_layer_weights
+from alodlm_jax.network.params import per_layer_weights
 from alodlm_jax.plan import fit, hlo, launches
 from alodlm_jax.plan.programs import PlannedProgram, evaluate_programs, place
 
@@ -199,13 +199,13 @@ def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: in
          programs=None, batch_programs: bool = False, save_hlo: str | None = None,
          log=None, shapes: str | None = None, command_buffers: str = "engine") -> dict:
     """Compiles evaluate's programs for ``target`` and returns the plan record (module
-    docstring). ``mesh_spec``: an :class:`alodlm_jax.sharding.MeshSpec` over the target's
+    docstring). ``mesh_spec``: an :class:`alodlm_jax.network.sharding.MeshSpec` over the target's
     devices (None: one device). ``log(text)`` hears about each compile as it starts.
-    ``shapes``: the programs' shape policy (:mod:`alodlm_jax.rows`), by default the one the
+    ``shapes``: the programs' shape policy (:mod:`alodlm_jax.network.rows`), by default the one the
     engine picks on the target's platform. ``command_buffers``: ``"engine"`` compiles with the
     engine's XLA options (XLA's defaults), ``"xla"`` with XLA's defaults, ``"graphs"`` with
     loops and branches in command buffers too (:func:`alodlm_jax.decode.programs.compiler_options`)."""
-    from alodlm_jax import rows as R
+    from alodlm_jax.network import rows as R
     from alodlm_jax.decode.layout import for_mesh
     from alodlm_jax.decode.programs import compiler_options
 
@@ -226,7 +226,7 @@ def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: in
     data = 1
     stacked = not per_layer_weights(platform)
     if meshed:
-        from alodlm_jax import sharding as SH
+        from alodlm_jax.network import sharding as SH
 
         mesh = SH.make_mesh(mesh_spec, devices)
         layout = for_mesh(mesh)
@@ -354,7 +354,7 @@ def _stacked_params(params_spec, cfg):
     """The abstract params with each layer group stacked on a leading layer axis (one
     ``lax.scan`` in the programs), as a TPU or a mesh run loads them."""
     from alodlm_convert.mapping import layer_shapes
-    from alodlm_jax import sharding as SH
+    from alodlm_jax.network import sharding as SH
 
     dtype = params_spec["embed"].dtype
     sizes = {"prelude": cfg.num_prelude_layers, "core": cfg.num_core_layers,
@@ -367,12 +367,12 @@ def _stacked_params(params_spec, cfg):
 
 
 def _sharded_params(params_spec, mesh, cfg):
-    """The abstract params as a mesh run loads them (:func:`alodlm_jax.sharding.load_sharded_model`:
+    """The abstract params as a mesh run loads them (:func:`alodlm_jax.network.sharding.load_sharded_model`:
     stacked, :func:`_stacked_params`), with the mesh's shardings (the rules of
-    :mod:`alodlm_jax.sharding`)."""
+    :mod:`alodlm_jax.network.sharding`)."""
     from jax.sharding import NamedSharding
 
-    from alodlm_jax import sharding as SH
+    from alodlm_jax.network import sharding as SH
 
     SH.check_divisibility(cfg, SH.model_axis_size(mesh))
     return jax.tree_util.tree_map(

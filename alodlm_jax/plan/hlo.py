@@ -10,7 +10,7 @@ counts each loop body as often as it runs:
   bytes are those of its operands and results, except where the program says it touches less
   (:meth:`Module.kernel_bytes`): an operand read only through slices is charged the slices, a
   buffer updated in place (a cache write) only the update, not the whole buffer, and a Pallas
-  kernel what its cost estimate says (:mod:`alodlm_jax.window_kernel` reads one depth of each
+  kernel what its cost estimate says (:mod:`alodlm_jax.kernels.window` reads one depth of each
   request's cache, not the buffers it is handed);
 * a ``while`` runs its body and condition ``n`` times: ``n`` from XLA's ``known_trip_count``
   annotation, or from a condition ``i < N`` with ``i`` starting at a constant; otherwise 1 (the

@@ -47,7 +47,7 @@ def evaluate_programs(cfg, params_spec, decode, *, prompt_tokens: int, batch_siz
     tokens, and the bucket they share. ``layout``: a :class:`alodlm_jax.decode.layout.Layout`
     (a mesh), or None for one device. ``batch_programs``: the batch and admit programs even at
     batch 1 (what ``CompiledEngine.generate_batch`` runs there). ``shapes``: the programs' shape
-    policy (:mod:`alodlm_jax.rows`; the engine picks it from its platform, which for a target
+    policy (:mod:`alodlm_jax.network.rows`; the engine picks it from its platform, which for a target
     compiled deviceless is not this process's, so the caller names it)."""
     from alodlm_jax.decode import batched
     from alodlm_jax.decode import compiled as C

@@ -26,7 +26,7 @@ import os
 import tempfile
 from typing import Any, Mapping, Sequence
 
-from .process import Limits, Result, Run
+from .records import Limits, Result, Run
 
 __all__ = ["Sandbox", "Limits", "Result", "DISABLE_VARIABLE", "disabled_from_environment"]
 

@@ -34,7 +34,8 @@ from evalplus.gen.util import trusted_exec
 
 from .. import plaindata
 from . import calls
-from .process import JobContext, nested_landlock
+from .program import nested_landlock
+from .records import JobContext
 
 __all__ = ["JOBS"]
 

@@ -44,162 +44,33 @@ Each run (:meth:`Host.run`):
 
 A mechanism the probe run found working is *required* in every later run: if it fails to apply,
 the program is not started and the run reports ``setup_failed`` (fail closed).
+
+Here: the outer process's namespaces and the host; the program process is
+:mod:`alodlm_scoring.sandbox.program`, the records all stages share
+:mod:`alodlm_scoring.sandbox.records`.
 """
+
 
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
 import os
-import resource
 import select
 import shutil
 import signal
 import socket
-import tempfile
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
-from . import landlock, linux
+from . import linux
+from .program import attempt, start
+from .records import Policy, Result, Run, SetupFailed
 
-__all__ = ["Run", "Limits", "Policy", "Result", "JobContext", "Host", "SetupFailed",
-           "enter_namespaces", "write_paths", "nested_landlock", "RESULT_FD", "CHANNEL_FD"]
+__all__ = ["Host", "enter_namespaces", "remove_tree"]
 
-RESULT_FD = 3
-_CONTROL_FD = 4
-CHANNEL_FD = 5  # a job's end of the channel to its run's server
-_DEVICES = (os.devnull, "/dev/zero", "/dev/full")
-_RESTORED_SIGNALS = ("SIGPIPE", "SIGXFSZ", "SIGINT", "SIGTERM", "SIGHUP", "SIGCHLD", "SIGALRM",
-                     "SIGUSR1", "SIGUSR2")
 _NAMESPACES = (("mount-namespace", linux.CLONE_NEWNS), ("pid-namespace", linux.CLONE_NEWPID),
                ("network-namespace", linux.CLONE_NEWNET), ("ipc-namespace", linux.CLONE_NEWIPC))
-
-
-@dataclasses.dataclass(frozen=True)
-class Limits:
-    """Hard limits of a run's processes (each per process, except the tmpfs sizes)."""
-
-    address_space_bytes: int = 4 * 1024**3
-    file_size_bytes: int = 512 * 1024**2
-    open_files: int = 1024
-    processes: int = 512  # RLIMIT_NPROC (non-root users) and the pids cgroup's pids.max
-    core_bytes: int = 0
-    workdir_bytes: int = 512 * 1024**2
-    tmp_bytes: int = 256 * 1024**2
-
-    @classmethod
-    def for_machine(cls, environ: Mapping[str, str] | None = None) -> "Limits":
-        """The defaults with the address-space cap the reference's children get: python_tests'
-        4 GiB and evalplus's ``EVALPLUS_MAX_MEMORY_BYTES`` (default 4 GiB; ``-1``: none), each
-        at most the machine's memory. The hard cap is the larger of the two, so that neither
-        program's own limit can fail against it."""
-        environ = os.environ if environ is None else environ
-        default = 4 * 1024**3
-        try:
-            physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError, AttributeError):
-            physical = None
-        at_most = (lambda value: min(value, physical)) if physical else (lambda value: value)
-        try:
-            setting = int(environ.get("EVALPLUS_MAX_MEMORY_BYTES", default))
-        except ValueError:
-            setting = default
-        evalplus = resource.RLIM_INFINITY if setting == -1 else at_most(setting)
-        cap = (resource.RLIM_INFINITY if evalplus == resource.RLIM_INFINITY
-               else max(at_most(default), evalplus))
-        return cls(address_space_bytes=cap)
-
-
-@dataclasses.dataclass(frozen=True)
-class Policy:
-    """What every run of one host applies."""
-
-    read_paths: tuple[str, ...]
-    environment: Mapping[str, str]
-    limits: Limits = Limits()
-    disabled: frozenset[str] = frozenset()  # mechanisms not to try (tests, fallbacks)
-    required: frozenset[str] = frozenset()  # mechanisms a run must apply or not start
-
-
-@dataclasses.dataclass(frozen=True)
-class Run:
-    """One command (``argv``) or job (``job`` name + ``payload``) to run in the sandbox.
-
-    A job may have a ``server``: a command run beside it, as a second program process of the
-    same run, with one end of a socket pair as its descriptor 3 and the other end as the job's
-    :attr:`JobContext.channel_fd`. The run's result is the job's, with the server's own exit
-    status (:attr:`Result.server_code`) when it ended by itself after the job."""
-
-    timeout: float
-    argv: Sequence[str] | None = None
-    job: str | None = None
-    payload: Any = None
-    files: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    server: Sequence[str] | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class JobContext:
-    """What a job (a function run in the program process) knows of its sandbox."""
-
-    read_paths: tuple[str, ...]
-    write_paths: tuple[str, ...]
-    result_fd: int
-    channel_fd: int | None = None  # the channel to the run's server, when it has one
-
-
-@dataclasses.dataclass(frozen=True)
-class Result:
-    """How a run ended. ``status``: ``exited`` (``code``), ``signaled`` (``signal``),
-    ``timeout``, ``setup_failed`` or ``lost`` (the sandbox itself failed). With a server:
-    ``server_code``, the server's exit status when the job exited with 0 and the server then
-    exited by itself before the deadline (``None`` otherwise: it was killed)."""
-
-    status: str
-    code: int | None = None
-    signal: int | None = None
-    output: bytes = b""
-    output_truncated: bool = False
-    elapsed: float = 0.0
-    mechanisms: tuple[str, ...] = ()
-    error: str | None = None
-    server_code: int | None = None
-
-
-class SetupFailed(Exception):
-    """A required mechanism could not be applied."""
-
-
-def _report(fd: int, **fields: Any) -> None:
-    data = (json.dumps(fields) + "\n").encode()
-    while data:
-        data = data[os.write(fd, data):]
-
-
-def default_signals() -> None:
-    """Default dispositions (Python ignores SIGPIPE and SIGXFSZ and handles SIGINT)."""
-    for name in _RESTORED_SIGNALS:
-        number = getattr(signal, name, None)
-        if number is not None:
-            try:
-                signal.signal(number, signal.SIG_DFL)
-            except (OSError, ValueError):
-                pass
-
-
-def _attempt(applied: list[str], policy: Policy, name: str, action: Callable[[], Any]) -> bool:
-    """Apply one mechanism unless disabled; a failure is fatal only for a required mechanism."""
-    if name in policy.disabled:
-        return False
-    try:
-        action()
-    except OSError as error:
-        if name in policy.required:
-            raise SetupFailed(f"{name}: {error}") from None
-        return False
-    applied.append(name)
-    return True
 
 
 # --------------------------------------------------------------------------------------------
@@ -259,8 +130,8 @@ class Host:
             linux.make_mounts_private()
             root = os.path.join(self.scratch, "root")
             os.makedirs(root, exist_ok=True)
-            if not _attempt(self.mechanisms, self.policy, "minimal-root",
-                            lambda: self._minimal_root(root)):
+            if not attempt(self.mechanisms, self.policy, "minimal-root",
+                           lambda: self._minimal_root(root)):
                 self._read_only_machine()
         if "pid-namespace" not in self.namespaces:
             linux.set_child_subreaper()
@@ -287,7 +158,7 @@ class Host:
             os.makedirs(root + path, exist_ok=True)
         proc = []
         if "pid-namespace" in self.namespaces:  # its own /proc (the machine's is still visible)
-            _attempt(proc, self.policy, "private-proc", lambda: linux.mount_proc(root + "/proc"))
+            attempt(proc, self.policy, "private-proc", lambda: linux.mount_proc(root + "/proc"))
         if not proc:
             linux.bind_mount("/proc", root + "/proc")
         linux.remount_read_only(root)
@@ -298,12 +169,12 @@ class Host:
     def _read_only_machine(self) -> None:
         """Where no minimal root can be built: the machine's mounts, all read-only, with
         private tmpfs's on the working directory, ``/tmp``-less, ``/dev/shm`` and ``/run``."""
-        _attempt(self.mechanisms, self.policy, "read-only-filesystem", linux.make_mounts_read_only)
+        attempt(self.mechanisms, self.policy, "read-only-filesystem", linux.make_mounts_read_only)
         if os.path.isdir("/run"):
-            _attempt(self.mechanisms, self.policy, "private-run",
-                     lambda: linux.mount_tmpfs("/run", 1 << 20, 0o755))
+            attempt(self.mechanisms, self.policy, "private-run",
+                    lambda: linux.mount_tmpfs("/run", 1 << 20, 0o755))
         if "pid-namespace" in self.namespaces:
-            _attempt(self.mechanisms, self.policy, "private-proc", linux.mount_proc)
+            attempt(self.mechanisms, self.policy, "private-proc", linux.mount_proc)
         self._fresh = "read-only-filesystem" in self.mechanisms
 
     def _fresh_directories(self) -> list[str]:
@@ -353,8 +224,8 @@ class Host:
             server = os.fork()
             if server == 0:  # ---- the server's program process
                 try:
-                    _program(Run(timeout=run.timeout, argv=run.server), self.policy, self.jobs,
-                             self.workdir, list(mechanisms), served, server_control_write)
+                    start(Run(timeout=run.timeout, argv=run.server), self.policy, self.jobs,
+                          self.workdir, list(mechanisms), served, server_control_write)
                 finally:
                     os._exit(126)
             os.close(served)
@@ -364,8 +235,8 @@ class Host:
         program = os.fork()
         if program == 0:  # ---- program process (with a server: the job's, the test process)
             try:
-                _program(run, self.policy, self.jobs, self.workdir, list(mechanisms),
-                         result_write, control_write, channel)
+                start(run, self.policy, self.jobs, self.workdir, list(mechanisms),
+                      result_write, control_write, channel)
             finally:
                 os._exit(126)
         for fd in (result_write, control_write, channel):
@@ -541,123 +412,3 @@ def _result(reports: list[dict], wait_status: int, timed_out: bool, output: byte
         return Result("signaled", signal=os.WTERMSIG(wait_status), **common)
     return Result("exited", code=os.WEXITSTATUS(wait_status), **common)
 
-
-# --------------------------------------------------------------------------------------------
-# Program process
-# --------------------------------------------------------------------------------------------
-
-
-def _limits(policy: Policy) -> dict[int, int]:
-    limits = policy.limits
-    table = {
-        resource.RLIMIT_AS: limits.address_space_bytes,
-        resource.RLIMIT_FSIZE: limits.file_size_bytes,
-        resource.RLIMIT_NOFILE: limits.open_files,
-        resource.RLIMIT_CORE: limits.core_bytes,
-    }
-    if os.geteuid() != 0:  # root is exempt from RLIMIT_NPROC; a low value would only mislead
-        table[resource.RLIMIT_NPROC] = limits.processes
-    return table
-
-
-def _program(run: Run, policy: Policy, jobs: Mapping[str, Callable], workdir: str,
-             mechanisms: list[str], result_write: int, control_write: int,
-             channel: int | None = None) -> None:
-    """A program process. With a ``channel`` it is a server's client (the test process of
-    strict python_tests): it works in ``/`` and may write nowhere but the harmless devices, so
-    that nothing the server's program writes is where it reads, and nothing it holds is where
-    the server's program may write."""
-    try:
-        os.setsid()
-        # Out of the way of the numbers they get below, whatever numbers the host gave them.
-        result_write, control_write = (fcntl.fcntl(fd, fcntl.F_DUPFD, 10)
-                                       for fd in (result_write, control_write))
-        if channel is not None:
-            channel = fcntl.fcntl(channel, fcntl.F_DUPFD, 10)
-        null = os.open(os.devnull, os.O_RDWR)
-        os.dup2(null, 0)
-        os.dup2(null, 1)
-        os.dup2(null, 2)
-        os.dup2(result_write, RESULT_FD)
-        os.dup2(control_write, _CONTROL_FD)
-        kept = [RESULT_FD, _CONTROL_FD]
-        if channel is not None:
-            os.dup2(channel, CHANNEL_FD)
-            kept.append(CHANNEL_FD)
-        linux.close_fds_except(kept)
-        mechanisms.append("closed-file-descriptors")
-        default_signals()
-        os.chdir(workdir if channel is None else "/")
-        os.umask(0o022)
-        _attempt(mechanisms, policy, "hard-rlimits", lambda: linux.hard_limits(_limits(policy)))
-        _attempt(mechanisms, policy, "no-new-privileges", linux.set_no_new_privs)
-        if "capabilities" not in policy.disabled:
-            try:
-                if linux.drop_capabilities():
-                    mechanisms.append("capabilities-dropped")
-            except OSError as error:
-                if "capabilities-dropped" in policy.required:
-                    raise SetupFailed(f"capabilities-dropped: {error}") from None
-        writable = write_paths(workdir, mechanisms) if channel is None else list(_DEVICES)
-        _apply_landlock(policy, writable, mechanisms)
-        environment = dict(policy.environment)
-        environment.update(HOME=workdir, TMPDIR=os.path.join(workdir, "tmp"))
-        mechanisms.append("environment-allowlist")
-        missing = sorted(policy.required - set(mechanisms))
-        if missing:
-            raise SetupFailed(f"{', '.join(missing)}: not applied")
-    except BaseException as error:  # noqa: BLE001 - reported; the program never starts
-        message = str(error) if isinstance(error, SetupFailed) else f"{type(error).__name__}: {error}"
-        try:
-            _report(_CONTROL_FD, setup_error=message, applied=mechanisms)
-        except OSError:
-            _report(control_write, setup_error=message, applied=mechanisms)
-        os._exit(126)
-    _report(_CONTROL_FD, applied=mechanisms)
-    os.close(_CONTROL_FD)
-    if run.argv is not None:
-        try:
-            os.execve(run.argv[0], list(run.argv), environment)
-        finally:
-            os._exit(127)
-    os.environ.clear()
-    os.environ.update(environment)
-    tempfile.tempdir = environment["TMPDIR"]  # the host's cached choice is not ours
-    try:
-        jobs[run.job](run.payload, JobContext(policy.read_paths, tuple(writable), RESULT_FD,
-                                              None if channel is None else CHANNEL_FD))
-    except BaseException:  # noqa: BLE001 - the job's own failure: the verdict reads the output
-        os._exit(1)
-    os._exit(0)
-
-
-def write_paths(workdir: str, mechanisms: Sequence[str]) -> list[str]:
-    """Where a sandboxed program may write: its working directory (with its temporary
-    directory), the harmless devices, ``/dev/shm`` (multiprocessing's semaphores; a private
-    tmpfs when a mount namespace exists, else the machine's) and, in a minimal root, its
-    private ``/tmp``."""
-    paths = [workdir, *_DEVICES, "/dev/shm"]
-    if "minimal-root" in mechanisms:
-        paths.append("/tmp")
-    return paths
-
-
-def _apply_landlock(policy: Policy, writable: Sequence[str], mechanisms: list[str]) -> None:
-    if "landlock" in policy.disabled:
-        return
-    abi = landlock.abi_version()
-    if abi < 1:
-        return
-    try:
-        landlock.restrict(policy.read_paths, writable, abi=abi)
-    except OSError:
-        return  # reported as missing; fatal when required (checked by the caller)
-    mechanisms.extend(landlock.features(abi))
-
-
-def nested_landlock(context: JobContext) -> None:
-    """Called in a process forked inside the sandbox: a nested Landlock domain with the same
-    rules, so the forked process can no longer signal or trace the one that forked it."""
-    abi = landlock.abi_version()
-    if abi >= 1:
-        landlock.restrict(context.read_paths, context.write_paths, abi=abi)

@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from . import cgroup, linux, mechanisms
-from .process import Limits, Policy, Result, Run
+from .records import Limits, Policy, Result, Run
 
 __all__ = ["Zygote", "ZygoteError"]
 
@@ -174,7 +174,8 @@ def _host(sock: socket.socket, outer: int, scratch: str, policy: Policy,
         return
     try:
         from . import jobs  # evalplus and numpy load here, before the filesystem is built
-        from .process import Host, default_signals
+        from .process import Host
+        from .program import default_signals
 
         default_signals()
         host = Host(policy, jobs.JOBS, namespaces, scratch)

@@ -94,7 +94,7 @@ def test_official_package_is_used_when_importable(sandwich, prompts, tmp_path, m
     ``ALoDLM.from_pretrained(dir, config=None, dtype=...)``, ``Decoder(model, tokenizer)``,
     ``Decoder.generate(ids, DecodeConfig(**fields))``."""
     from alodlm_jax.config import DecodeConfig
-    from alodlm_jax.torch_reference import TorchALoDLM
+    from alodlm_jax.compare.torch_reference import TorchALoDLM
 
     calls = []
 

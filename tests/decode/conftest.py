@@ -47,9 +47,9 @@ def tiny_models(tmp_path_factory) -> dict[str, Tiny]:
     pytest.importorskip("torch")
     import transformers
 
-    from alodlm_jax.params import load_model
+    from alodlm_jax.network.params import load_model
     from alodlm_jax.testing.tiny_checkpoint import TinySpec, build_tiny_checkpoint
-    from alodlm_jax.torch_reference import TorchALoDLM
+    from alodlm_jax.compare.torch_reference import TorchALoDLM
 
     transformers.logging.set_verbosity_error()
     root = tmp_path_factory.mktemp("decode_tiny")

@@ -158,7 +158,7 @@ def test_packaged_demo_checkpoint_is_small_and_generates(tmp_path, capsys):
 
     import alodlm_jax.data
     from alodlm_jax.testing.tiny_checkpoint import DEMO_SPEC, build_tiny_checkpoint
-    from alodlm_jax.torch_reference import TorchALoDLM
+    from alodlm_jax.compare.torch_reference import TorchALoDLM
 
     demo = pathlib.Path(alodlm_jax.data.__file__).parent / "tiny_checkpoint"
     files = {p.name for p in demo.iterdir()}
@@ -185,7 +185,7 @@ def test_packaged_demo_commits_at_several_depths_and_tokens_per_window():
     import collections
 
     from alodlm_jax.data import BUILTINS
-    from alodlm_jax.torch_reference import TorchALoDLM
+    from alodlm_jax.compare.torch_reference import TorchALoDLM
 
     model = TorchALoDLM.from_checkpoint(BUILTINS["builtin:tiny"])
     config = DecodeConfig(q=0.5, tau=0.4, window_size=4, max_new_tokens=16)  # the README's

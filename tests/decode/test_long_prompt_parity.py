@@ -41,9 +41,9 @@ def long_case(tmp_path_factory):
     pytest.importorskip("torch")
     import transformers
 
-    from alodlm_jax.params import load_model
+    from alodlm_jax.network.params import load_model
     from alodlm_jax.testing.tiny_checkpoint import TinySpec, build_tiny_checkpoint
-    from alodlm_jax.torch_reference import TorchALoDLM
+    from alodlm_jax.compare.torch_reference import TorchALoDLM
 
     transformers.logging.set_verbosity_error()
     spec = TinySpec(topology="sandwich", num_layers=6, loop_start=1, loop_end=5, max_depth=3,

@@ -103,8 +103,8 @@ def test_parity_full_grid(tiny, window_size, mode):
 @pytest.mark.slow
 def test_bf16_tokens_match_the_bf16_reference(sandwich):
     """BF16 (§8): visible tokens are expected to match; exit depths may differ near thresholds."""
-    from alodlm_jax.params import load_model
-    from alodlm_jax.torch_reference import TorchALoDLM
+    from alodlm_jax.network.params import load_model
+    from alodlm_jax.compare.torch_reference import TorchALoDLM
 
     cfg, params = load_model(str(sandwich.path), "bf16")
     ref = TorchALoDLM.from_checkpoint(sandwich.path, "bf16")

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from alodlm_jax import model as M
+from alodlm_jax.network import model as M
+from alodlm_jax.network import cache as KC
 from alodlm_jax.config import DecodeConfig
 
 from .conftest import with_max_depth
@@ -46,7 +47,7 @@ def test_q_controls_executed_recurrence(tiny):
 def _fresh_forward_cache(params, cfg, ids):
     """A window forward with an empty cache over ``ids`` at positions 0..len-1 (one pass, K = 1)."""
     t = len(ids)
-    cache = M.init_cache(cfg, t, jnp.float32)
+    cache = KC.init_cache(cfg, t, jnp.float32)
     positions = jnp.arange(t, dtype=jnp.int32)
     start = jnp.int32(0)
     h, cache = M.prelude(params, cfg, M.embed(params, jnp.asarray(ids, jnp.int32)), positions, cache, start)

@@ -69,7 +69,7 @@ class Checkpoints:
     def get(self, topology: str, seed: int, scale: float):
         key = (topology, seed, scale)
         if key not in self._loaded:
-            from alodlm_jax.params import load_model
+            from alodlm_jax.network.params import load_model
             from alodlm_jax.testing.tiny_checkpoint import TinySpec, build_tiny_checkpoint
 
             spec = TinySpec.for_topology(topology, seed=seed, lm_head_scale=scale)

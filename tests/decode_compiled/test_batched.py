@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from alodlm_jax import window_kernel as WK
+from alodlm_jax.kernels import window as WK
 from alodlm_jax.config import DecodeConfig
 from alodlm_jax.decode import programs
 from alodlm_jax.decode.compiled import CompiledEngine

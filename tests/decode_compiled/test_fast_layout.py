@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from alodlm_jax import model as M
+from alodlm_jax.network import model as M
+from alodlm_jax.network import cache as KC
 from alodlm_jax.config import DecodeConfig
 from alodlm_jax.decode import batched
 from alodlm_jax.decode.compiled import Bucket, CompiledEngine
@@ -34,14 +35,14 @@ def test_per_layer_engines_identical_across_attention_buckets(checkpoints, topol
     per_layer = M.unstack_layers(stacked)
     decode = DecodeConfig(q=0.5, tau=2.0, window_size=4, max_new_tokens=56, mode=mode)
     bucket = Bucket.for_request(len(PROMPT), decode)
-    assert len(M.kv_buckets(bucket.t_max)) > 1  # the window's attention switches buckets on the way
+    assert len(KC.kv_buckets(bucket.t_max)) > 1  # the window's attention switches buckets on the way
 
     portable = PortableEngine(cfg, per_layer, decode, []).generate(PROMPT)
     compiled = CompiledEngine(cfg, per_layer, decode, [], measure_prefill=False).generate(PROMPT)
     assert observable(compiled) == observable(portable)
     # No stop ids: all 56 tokens, so the last windows start at slot >= 16 + 56 - 8 and need more
     # than the first bucket's 64 slots.
-    assert len(portable.token_ids) == 56 and M.kv_buckets(bucket.t_max)[0] == 64
+    assert len(portable.token_ids) == 56 and KC.kv_buckets(bucket.t_max)[0] == 64
 
     reference = PortableEngine(cfg, stacked, decode, []).generate(PROMPT)
     same = observable(reference)
@@ -75,11 +76,11 @@ def test_decode_programs_never_copy_the_cache(checkpoints, batch):
     bucket = engine.bucket_for(len(PROMPT), batch=batch)
     if batch == 1:
         hlo = engine.compile_for(bucket).as_text()
-        cache = jax.eval_shape(lambda: M.init_cache(cfg, bucket.t_max, np.float32))
+        cache = jax.eval_shape(lambda: KC.init_cache(cfg, bucket.t_max, np.float32))
     else:
         run, _ = batched.compile_batch(engine, bucket)
         hlo = run.as_text()
         cache = jax.eval_shape(lambda: jax.tree_util.tree_map(
-            lambda x: jnp.broadcast_to(x, (batch,) + x.shape), M.init_cache(cfg, bucket.t_max, np.float32)))
+            lambda x: jnp.broadcast_to(x, (batch,) + x.shape), KC.init_cache(cfg, bucket.t_max, np.float32)))
     assert "conditional" in hlo  # the switches are there
     assert _cache_copies(hlo, cache) == []

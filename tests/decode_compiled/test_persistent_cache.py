@@ -15,7 +15,7 @@ _SCRIPT = """
 import json, sys
 from alodlm_jax.config import DecodeConfig
 from alodlm_jax.decode.compiled import CompiledEngine
-from alodlm_jax.params import load_model
+from alodlm_jax.network.params import load_model
 cfg, params = load_model(sys.argv[1], "fp32")
 engine = CompiledEngine(cfg, params, DecodeConfig(max_new_tokens=8, window_size=2), [2],
                         compilation_cache_dir=sys.argv[2], measure_prefill=False)

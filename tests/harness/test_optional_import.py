@@ -19,7 +19,7 @@ for package in (alodlm_scoring, alodlm_jax):
 print(json.dumps({"modules": names, "loaded": sorted({n.split(".")[0] for n in sys.modules})}))
 """
 # The lm-eval model itself, the command that runs it, and modules that need the test extra.
-SKIP = ("alodlm_jax.harness.model", "alodlm_jax.cli.lm_eval", "alodlm_jax.torch_reference",
+SKIP = ("alodlm_jax.harness.model", "alodlm_jax.cli.lm_eval", "alodlm_jax.compare.torch_reference",
         "alodlm_jax.testing.tiny_checkpoint")
 
 

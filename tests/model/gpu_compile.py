@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 
-from alodlm_jax.testing import aot_gpu
+from alodlm_jax.plan import aot_gpu
 
 AVAILABLE = aot_gpu.AVAILABLE
 
@@ -15,7 +15,7 @@ _PRELUDE = textwrap.dedent("""
     import json, sys
     import jax, jax.numpy as jnp
     from jax.sharding import SingleDeviceSharding
-    from alodlm_jax import model as M
+    from alodlm_jax.network import layers as L, window_layers as WL
     from alodlm_jax.plan import hlo, targets
 
     on_gpu = SingleDeviceSharding(targets.load_target("h200").devices()[0])

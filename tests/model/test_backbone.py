@@ -7,8 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from alodlm_jax import model
-from alodlm_jax.params import to_device
+from alodlm_jax.network import model
+from alodlm_jax.network import layers as L
+from alodlm_jax.network.params import to_device
 
 IDS = np.array([1, 4, 7, 8, 9, 3, 3, 12, 40, 63, 2, 5, 17], np.int32)
 
@@ -45,7 +46,7 @@ def test_rms_norm_matches_torch_bf16():
     with torch.no_grad():
         norm.weight.copy_(torch.tensor(w))
         want = norm(torch.tensor(x).to(torch.bfloat16)).to(torch.float32).numpy()
-    got = model.rms_norm(jnp.asarray(x, jnp.bfloat16), jnp.asarray(w, jnp.bfloat16), 1e-6)
+    got = L.rms_norm(jnp.asarray(x, jnp.bfloat16), jnp.asarray(w, jnp.bfloat16), 1e-6)
     assert got.dtype == jnp.bfloat16
     np.testing.assert_array_equal(np.asarray(got, np.float32), want)
 
@@ -63,9 +64,9 @@ def test_rope_tables_match_transformers(head_dim):
     pos = np.array([0, 1, 5, 77, 1000, 4097, 40959], np.int32)
     dummy = torch.zeros(1, dtype=torch.float32)
     cos_t, sin_t = rotary(dummy, torch.tensor(pos[None], dtype=torch.long))
-    cos, sin = model.rope_tables(jnp.asarray(pos), head_dim, 1e6, jnp.float32)
+    cos, sin = L.rope_tables(jnp.asarray(pos), head_dim, 1e6, jnp.float32)
     np.testing.assert_allclose(np.asarray(cos), cos_t[0].numpy(), atol=5e-6)
     np.testing.assert_allclose(np.asarray(sin), sin_t[0].numpy(), atol=5e-6)
-    cos_b, _ = model.rope_tables(jnp.asarray(pos), head_dim, 1e6, jnp.bfloat16)
+    cos_b, _ = L.rope_tables(jnp.asarray(pos), head_dim, 1e6, jnp.bfloat16)
     assert cos_b.dtype == jnp.bfloat16
     np.testing.assert_array_equal(np.asarray(cos_b), np.asarray(cos.astype(jnp.bfloat16)))

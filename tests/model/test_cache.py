@@ -9,8 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from alodlm_jax import model
-from alodlm_jax.params import to_device
+from alodlm_jax.network import model
+from alodlm_jax.network import cache as KC
+from alodlm_jax.network.params import to_device
 
 SEQ = np.array([1, 4, 7, 8, 9, 12, 2, 5, 9, 10, 11, 30, 41, 52, 63, 13], np.int32)
 ROWS, T_MAX = 8, 24  # one window shape and cache size for every test here: few compilations
@@ -33,7 +34,7 @@ def window_all_passes(params, cfg, ids, positions, cache, start, passes):
     return logits, hazards, cache
 
 
-def _buffers(cache: model.KVCache) -> dict[str, np.ndarray]:
+def _buffers(cache: KC.KVCache) -> dict[str, np.ndarray]:
     return {f: np.asarray(getattr(cache, f)) for f in
             ("prelude_k", "prelude_v", "core_k", "core_v", "coda_k", "coda_v")}
 
@@ -44,7 +45,7 @@ def _slots(name: str, buf: np.ndarray, lo: int, hi: int) -> np.ndarray:
 
 def test_init_cache_shapes(tiny):
     cfg = tiny.cfg
-    cache = model.init_cache(cfg, 10, "bf16")
+    cache = KC.init_cache(cfg, 10, "bf16")
     n_kv, d_h, k = cfg.num_key_value_heads, cfg.head_dim, cfg.max_depth
     assert cache.prelude_k.shape == (cfg.num_prelude_layers, 10, n_kv, d_h)
     assert cache.core_v.shape == (cfg.num_core_layers, k, 10, n_kv, d_h)
@@ -66,10 +67,10 @@ def test_prefill_then_window_equals_full_forward(tiny):
     p, w = ROWS, 5  # the window: w valid rows + (ROWS - w) padding rows
     full_ids = jnp.asarray(SEQ[:2 * ROWS])  # a causal forward: rows past p + w change nothing before
     full_logits, full_haz, full_cache = window_all_passes(
-        params, cfg, full_ids, jnp.arange(2 * ROWS, dtype=jnp.int32), model.init_cache(cfg, T_MAX, jnp.float32),
+        params, cfg, full_ids, jnp.arange(2 * ROWS, dtype=jnp.int32), KC.init_cache(cfg, T_MAX, jnp.float32),
         jnp.int32(0), k)
 
-    cache = model.init_cache(cfg, T_MAX, jnp.float32)
+    cache = KC.init_cache(cfg, T_MAX, jnp.float32)
     pre_logits, pre_haz, cache = window_all_passes(
         params, cfg, full_ids[:p], jnp.arange(p, dtype=jnp.int32), cache, jnp.int32(0), k)
     np.testing.assert_allclose(pre_logits, full_logits[:, :p], atol=1e-5, rtol=1e-5)
@@ -104,7 +105,7 @@ def test_window_reads_its_own_depth(tiny):
     nothing at pass s, corrupting depth s does."""
     params, cfg = to_device(tiny.np_params, "fp32"), tiny.cfg
     p, k = ROWS, tiny.cfg.max_depth
-    cache = model.init_cache(cfg, T_MAX, jnp.float32)
+    cache = KC.init_cache(cfg, T_MAX, jnp.float32)
     _, _, cache = window_all_passes(params, cfg, jnp.asarray(SEQ[:p]), jnp.arange(p, dtype=jnp.int32),
                                     cache, jnp.int32(0), k)
     ids, pos = jnp.asarray(SEQ[p:2 * p]), jnp.arange(p, 2 * p, dtype=jnp.int32)
@@ -116,9 +117,9 @@ def test_window_reads_its_own_depth(tiny):
         assert np.abs(got[corrupt] - base[corrupt]).max() > 1e-4
 
 
-def _labelled_cache(cfg, t_max: int) -> model.KVCache:
+def _labelled_cache(cfg, t_max: int) -> KC.KVCache:
     """Core value = 1000*layer + 100*depth + slot (keys), negated for values; prelude/coda random."""
-    cache = model.init_cache(cfg, t_max, jnp.float32)
+    cache = KC.init_cache(cfg, t_max, jnp.float32)
     lc, k = cfg.num_core_layers, cfg.max_depth
     label = (1000 * np.arange(lc)[:, None, None] + 100 * np.arange(k)[None, :, None]
              + np.arange(t_max)[None, None, :]).astype(np.float32)
@@ -137,8 +138,8 @@ def test_complete_depths_copies_exactly(tiny, start, num_rows):
     cfg, t_max = tiny.cfg, 12
     cache = _labelled_cache(cfg, t_max)
     original = _buffers(cache)
-    complete = jax.jit(model.complete_depths, static_argnums=2)
-    complete_traced_rows = jax.jit(model.complete_depths)
+    complete = jax.jit(KC.complete_depths, static_argnums=2)
+    complete_traced_rows = jax.jit(KC.complete_depths)
     for executed in range(1, cfg.max_depth + 1):
         out = _buffers(complete(cache, jnp.int32(start), num_rows, jnp.int32(executed)))
         traced = _buffers(complete_traced_rows(cache, jnp.int32(start), jnp.int32(num_rows), jnp.int32(executed)))
@@ -163,7 +164,7 @@ core_jit = jax.jit(model.core_pass, static_argnums=1, static_argnames="kv_len")
 def test_functions_jit_with_traced_start_and_depth(tiny):
     """One compiled core_pass serves every depth and offset (decode's portable path relies on it)."""
     params, cfg = to_device(tiny.np_params, "fp32"), tiny.cfg
-    cache = model.init_cache(cfg, T_MAX, jnp.float32)
+    cache = KC.init_cache(cfg, T_MAX, jnp.float32)
     h = model.embed(params, jnp.asarray(SEQ[:ROWS]))
     pos = jnp.arange(ROWS, dtype=jnp.int32)
     core_jit(params, cfg, h, pos, cache, jnp.int32(0), jnp.int32(0))
@@ -180,7 +181,7 @@ def test_functions_jit_with_traced_start_and_depth(tiny):
 def test_kv_len_limits_attention_without_changing_results(tiny):
     """Attending over only the first kv_len >= start+T slots equals attending over the whole buffer."""
     params, cfg = to_device(tiny.np_params, "fp32"), tiny.cfg
-    cache = model.init_cache(cfg, T_MAX, jnp.float32)
+    cache = KC.init_cache(cfg, T_MAX, jnp.float32)
     start, kv_len = 4, 4 + ROWS
     cache = cache.replace(core_k=cache.core_k.at[:, :, kv_len:].set(7.0))  # garbage beyond kv_len
     h = model.embed(params, jnp.asarray(SEQ[:ROWS]))
@@ -195,7 +196,7 @@ def test_all_layer_readout_is_the_normalized_carry(tiny_checkpoints):
     """Empty coda (1.7B topology): the readout is exactly FinalNorm of the core output."""
     tiny = tiny_checkpoints["all_layer"]
     params, cfg = to_device(tiny.np_params, "fp32"), tiny.cfg
-    cache = model.init_cache(cfg, T_MAX, jnp.float32)
+    cache = KC.init_cache(cfg, T_MAX, jnp.float32)
     h = model.embed(params, jnp.asarray(SEQ[:ROWS]))
     pos = jnp.arange(ROWS, dtype=jnp.int32)
     r, cache2 = model.readout(params, cfg, h, pos, cache, jnp.int32(0))

@@ -14,9 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from alodlm_jax import model
-from alodlm_jax import rows as R
-from alodlm_jax.params import to_device
+from alodlm_jax.network import layers as L
+from alodlm_jax.network import model
+from alodlm_jax.network import cache as KC
+from alodlm_jax.network import window_layers as WL
+from alodlm_jax.network import rows as R
+from alodlm_jax.network.params import to_device
 from alodlm_jax.testing.released_shapes import model_config, random_params
 
 IDS = np.array([1, 4, 7, 8, 9, 12, 2, 5, 9, 10, 11, 30, 41, 52, 63, 13], np.int32)
@@ -35,23 +38,30 @@ def test_per_layer_params_compute_the_stacked_forward(tiny):
     np.testing.assert_allclose(np.asarray(hazards_p), np.asarray(hazards_s), atol=2e-7, rtol=0)
 
 
-def _traces(monkeypatch, name: str) -> list:
-    """Records each trace of ``model.<name>`` (one entry per call while tracing)."""
+def _traces(monkeypatch, name: str, module=model) -> list:
+    """Records each trace of ``module.<name>`` (one entry per call while tracing)."""
     calls = []
-    inner = getattr(model, name)
+    inner = getattr(module, name)
 
     def counted(*args, **kwargs):
         calls.append(name)
         return inner(*args, **kwargs)
 
-    monkeypatch.setattr(model, name, counted)
+    monkeypatch.setattr(module, name, counted)
     return calls
+
+
+def _trace_each_layer(monkeypatch) -> None:
+    """Every layer loop traces its layer per layer (no ``traced_once``): the stacks' loops in
+    ``model`` and the window forwards' in ``layers``."""
+    for module in (model, L):
+        monkeypatch.setattr(module, "traced_once", lambda layer: layer)
 
 
 def _layer_programs(params, cfg, start: int):
     """Each layer group's full pass (``run_stack``, writing the cache) and window pass
     (``run_window_stack``, returning the window's K/V), the core at depth 1, in one program."""
-    cache = model.init_cache(cfg, 64, params["embed"].dtype)
+    cache = KC.init_cache(cfg, 64, params["embed"].dtype)
     rng = np.random.default_rng(3)
     filled = {name: jnp.asarray(rng.standard_normal(x.shape), x.dtype)
               for name, x in vars(cache).items()}
@@ -70,7 +80,7 @@ def _layer_programs(params, cfg, start: int):
 
 
 def test_per_layer_loop_is_traced_once_and_computes_each_layer_traced(monkeypatch):
-    """A tuple of per-layer weights is traced once for the whole loop (``_traced_once``: one jit
+    """A tuple of per-layer weights is traced once for the whole loop (``traced_once``: one jit
     of the layer, its index an operand, its jaxpr inlined at each call), where a loop tracing
     every layer traced it per layer; the values are those of each layer traced with its Python
     index, to the bit (the 8B's tiny shape: 2 layers in each of its three groups; bf16, where
@@ -80,10 +90,10 @@ def test_per_layer_loop_is_traced_once_and_computes_each_layer_traced(monkeypatc
     sizes = [len(params[group]) for group in ("prelude", "core", "coda")]
     groups, layers = sum(1 for n in sizes if n), sum(sizes)
     assert layers > groups
-    full, window = _traces(monkeypatch, "_layer"), _traces(monkeypatch, "_window_layer")
+    full, window = _traces(monkeypatch, "_layer"), _traces(monkeypatch, "window_layer", WL)
     once = _layer_programs(params, cfg, start=20)
     assert (len(full), len(window)) == (groups, groups)
-    monkeypatch.setattr(model, "_traced_once", lambda layer: layer)
+    _trace_each_layer(monkeypatch)
     each = _layer_programs(params, cfg, start=20)
     assert (len(full), len(window)) == (groups + layers, groups + layers)
     for got, expected in zip(once, each, strict=True):
@@ -96,9 +106,9 @@ def test_batch_rows_trace_the_layer_once(monkeypatch):
     cfg = model_config("1.7b", tiny=True)
     params = random_params(cfg, jnp.float32, seed=1)
     assert len(params["core"]) > 1
-    traced = _traces(monkeypatch, "_window_layer_rows")
+    traced = _traces(monkeypatch, "window_layer_rows", WL)
     batch, rows = 2, 8
-    one = model.init_cache(cfg, 64, jnp.float32)
+    one = KC.init_cache(cfg, 64, jnp.float32)
     rng = np.random.default_rng(4)
     k_all, v_all = (jnp.asarray(rng.standard_normal((batch,) + x.shape).astype(np.float32))
                     for x in (one.core_k, one.core_v))
@@ -107,13 +117,13 @@ def test_batch_rows_trace_the_layer_once(monkeypatch):
     positions = jnp.concatenate([jnp.arange(16, 24), jnp.arange(8, 16)]).astype(jnp.int32)
 
     def step():  # a new function each call: traced anew
-        return jax.jit(lambda h: model.run_window_rows(
+        return jax.jit(lambda h: WL.run_window_rows(
             params["core"], cfg, h, positions, m, k_all, v_all, jnp.array([16, 8], jnp.int32),
             jnp.array([1, 2], jnp.int32), prefix_limit=jnp.int32(24), rows=rows))(h)
 
     once = jax.tree.leaves(step())
     assert len(traced) == 1
-    monkeypatch.setattr(model, "_traced_once", lambda layer: layer)
+    _trace_each_layer(monkeypatch)
     each = jax.tree.leaves(step())
     assert len(traced) == 1 + len(params["core"])
     for got, expected in zip(once, each, strict=True):
@@ -121,12 +131,12 @@ def test_batch_rows_trace_the_layer_once(monkeypatch):
 
 
 def test_kv_buckets():
-    assert model.kv_buckets(32) == (32,)
-    assert model.kv_buckets(64) == (64,)
-    assert model.kv_buckets(256) == (64, 128, 256)
-    assert model.kv_buckets(288) == (64, 128, 256, 288)  # a batch's scratch slots: the whole buffer
-    sizes = model.kv_buckets(288)
-    picks = [int(model.kv_bucket_index(sizes, n)) for n in (1, 64, 65, 128, 129, 256, 257, 288, 999)]
+    assert KC.kv_buckets(32) == (32,)
+    assert KC.kv_buckets(64) == (64,)
+    assert KC.kv_buckets(256) == (64, 128, 256)
+    assert KC.kv_buckets(288) == (64, 128, 256, 288)  # a batch's scratch slots: the whole buffer
+    sizes = KC.kv_buckets(288)
+    picks = [int(KC.kv_bucket_index(sizes, n)) for n in (1, 64, 65, 128, 129, 256, 257, 288, 999)]
     assert picks == [0, 0, 1, 1, 2, 2, 3, 3, 3]
 
 
@@ -137,7 +147,7 @@ def test_bucketed_attention_equals_the_whole_buffer(tiny, start):
     params, cfg = to_device(tiny.np_params, "fp32", per_layer=True), tiny.cfg
     rows, t_max = 8, 256
     rng = np.random.default_rng(start)
-    cache = model.init_cache(cfg, t_max, jnp.float32)
+    cache = KC.init_cache(cfg, t_max, jnp.float32)
     filled = rng.standard_normal(cache.core_k.shape).astype(np.float32)
     visible = np.arange(t_max) < start  # earlier windows' K/V
     garbage = np.where(visible[None, None, :, None, None], filled, 1e4)  # huge values past the prefix
@@ -161,7 +171,7 @@ def test_batched_cache_write_is_per_request_and_in_place():
 
     def write(b, u, layer, start):
         zero = jnp.int32(0)
-        return model.write_slots(b, u, jnp.stack([layer, start, zero]))
+        return KC.write_slots(b, u, jnp.stack([layer, start, zero]))
 
     got = jax.vmap(write)(buf, upd, layer, start)
     expected = np.asarray(buf).copy()
@@ -187,7 +197,7 @@ GROUPS = {  # name -> (writing forward, window forward without writes, store_win
 def _cache_with_garbage(cfg, t_max: int, start: int, seed: int):
     """A cache whose slots ``< start`` hold random K/V and every later slot holds 1e4."""
     rng = np.random.default_rng(seed)
-    cache = model.init_cache(cfg, t_max, jnp.float32)
+    cache = KC.init_cache(cfg, t_max, jnp.float32)
 
     def fill(buf):
         values = rng.standard_normal(buf.shape).astype(np.float32)
@@ -212,7 +222,7 @@ def test_window_forward_without_writes_equals_the_writing_forward(tiny, group, s
     out_w, cache_w = jax.jit(writing, static_argnums=1)(params, cfg, h, pos, cache, jnp.int32(start), *depth)
     out_d, kv = jax.jit(window, static_argnums=1)(params, cfg, h, pos, cache, jnp.int32(start), *depth)
     assert kv[0].shape[:2] == (len(params[group]), rows)
-    cache_d = model.store_window(cache, jnp.int32(start), *depth, **{key: kv})
+    cache_d = KC.store_window(cache, jnp.int32(start), *depth, **{key: kv})
     assert np.isfinite(np.asarray(out_d)).all()  # the 1e4 garbage past the prefix is never seen
     np.testing.assert_allclose(np.asarray(out_d), np.asarray(out_w), atol=2e-6, rtol=0)
     for name in ("prelude_k", "prelude_v", "core_k", "core_v", "coda_k", "coda_v"):

@@ -1,4 +1,4 @@
-"""The heads' norms and RoPE as one Triton kernel (:mod:`alodlm_jax.head_norm_kernel`) against the
+"""The heads' norms and RoPE as one Triton kernel (:mod:`alodlm_jax.kernels.head_norm`) against the
 XLA form it replaces, in Pallas's interpreter; and, with the aot extra, compiled for a GPU without
 one."""
 
@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from alodlm_jax import head_norm_kernel as HK
-from alodlm_jax import model as M
+from alodlm_jax.kernels import head_norm as HK
+from alodlm_jax.network import layers as L
 
 from . import gpu_compile
 
@@ -20,13 +20,13 @@ def _operands(dtype, rows, n_q, n_kv, d_h, seed=0):
     draw = lambda *shape, scale=1.0: jnp.asarray(scale * rng.standard_normal(shape), dtype)  # noqa: E731
     q, k, v = draw(rows, n_q, d_h, scale=3.0), draw(rows, n_kv, d_h), draw(rows, n_kv, d_h)
     q_w, k_w = (jnp.asarray(1 + 0.1 * rng.standard_normal(d_h), dtype) for _ in range(2))
-    cos, sin = M.rope_tables(jnp.arange(rows) + 1000, d_h, 1e6, dtype)
+    cos, sin = L.rope_tables(jnp.arange(rows) + 1000, d_h, 1e6, dtype)
     return q, k, v, q_w, k_w, cos, sin
 
 
 def _xla(q, k, v, q_w, k_w, cos, sin):
-    return (M._apply_rope(M.rms_norm(q, q_w, EPS), cos, sin),
-            M._apply_rope(M.rms_norm(k, k_w, EPS), cos, sin), v)
+    return (L.apply_rope(L.rms_norm(q, q_w, EPS), cos, sin),
+            L.apply_rope(L.rms_norm(k, k_w, EPS), cos, sin), v)
 
 
 def _kernel(q, k, v, q_w, k_w, cos, sin):
@@ -78,7 +78,7 @@ GPU_COMPILE = """
     rows, hidden, n_q, n_kv, d_h = 128, 256, 4, 2, 128  # more rows than matmul_kernel takes
     lp = {"input_norm": spec(hidden), "q": spec(hidden, n_q, d_h), "k": spec(hidden, n_kv, d_h),
           "v": spec(hidden, n_kv, d_h), "q_norm": spec(d_h), "k_norm": spec(d_h)}
-    json.dump({str(kernel): report(lambda lp, h, cos, sin: M._qkv(lp, 1e-6, h, cos, sin, kernel),
+    json.dump({str(kernel): report(lambda lp, h, cos, sin: L.qkv(lp, 1e-6, h, cos, sin, kernel),
                                    lp, spec(rows, hidden), spec(rows, d_h), spec(rows, d_h))
                for kernel in (True, False)}, sys.stdout)
 """

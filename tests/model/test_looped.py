@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from alodlm_jax import model
-from alodlm_jax.params import to_device
+from alodlm_jax.network import model
+from alodlm_jax.network.params import to_device
 
 IDS = np.array([1, 4, 7, 8, 9, 3, 3, 12, 40, 63, 2, 5, 17, 3, 22], np.int32)
 
@@ -19,7 +19,7 @@ looped = jax.jit(model.looped_forward, static_argnums=1)
 
 @functools.lru_cache(maxsize=None)
 def _torch_reference(path: str, dtype: str):
-    reference = pytest.importorskip("alodlm_jax.torch_reference")
+    reference = pytest.importorskip("alodlm_jax.compare.torch_reference")
     return reference.TorchALoDLM.from_checkpoint(path, dtype)
 
 

@@ -1,5 +1,5 @@
 """A window layer's products with their norms and residual adds as Triton kernels
-(:mod:`alodlm_jax.matmul_kernel`) against the XLA form they replace, in Pallas's interpreter, alone
+(:mod:`alodlm_jax.kernels.matmul`) against the XLA form they replace, in Pallas's interpreter, alone
 and as the model wires them; and, with the aot extra, compiled for a GPU without one."""
 
 import functools
@@ -9,10 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from alodlm_jax import head_norm_kernel as HK
-from alodlm_jax import matmul_kernel as MK
-from alodlm_jax import model as M
-from alodlm_jax import window_kernel as WK
+from alodlm_jax.kernels import head_norm as HK
+from alodlm_jax.kernels import matmul as MK
+from alodlm_jax.network import layers as L
+from alodlm_jax.network import window_layers as WL
+from alodlm_jax.kernels import window as WK
 
 from . import gpu_compile
 
@@ -28,8 +29,8 @@ def _norm_weight(rng, dtype, n):
 
 
 def _xla_swiglu(b, gate, up):
-    g = M._mm("th,hi->ti", b, gate)
-    return jax.nn.silu(g.astype(jnp.float32)).astype(g.dtype) * M._mm("th,hi->ti", b, up)
+    g = L.mm("th,hi->ti", b, gate)
+    return jax.nn.silu(g.astype(jnp.float32)).astype(g.dtype) * L.mm("th,hi->ti", b, up)
 
 
 def _cases(dtype, rows, inner, widths, seed=0):
@@ -38,15 +39,15 @@ def _cases(dtype, rows, inner, widths, seed=0):
     x = _draw(rng, dtype, rows, inner, scale=3.0)
     nw = _norm_weight(rng, dtype, inner)
     weights = [_draw(rng, dtype, inner, n, scale=inner ** -0.5) for n in widths]
-    b = M.rms_norm(x, nw, EPS)
+    b = L.rms_norm(x, nw, EPS)
     residual = _draw(rng, dtype, rows, widths[0])
     yield (MK.norm_matmul(x, nw, weights, EPS, interpret=True),
-           jnp.concatenate([M._mm("th,hi->ti", b, w) for w in weights], axis=1))
+           jnp.concatenate([L.mm("th,hi->ti", b, w) for w in weights], axis=1))
     gate, up = weights[0], _draw(rng, dtype, inner, widths[0], scale=inner ** -0.5)
     yield (MK.norm_matmul(x, nw, (gate, up), EPS, gated=True, interpret=True),
            _xla_swiglu(b, gate, up))
     yield (MK.matmul_residual(x, weights[0], residual, interpret=True),
-           residual + M._mm("ti,ih->th", x, weights[0]))
+           residual + L.mm("ti,ih->th", x, weights[0]))
 
 
 # Rows: Triton's smallest dot and the most the kernels take; reductions of one tile and of
@@ -132,11 +133,11 @@ def test_the_model_wires_the_kernels_as_its_xla_form(monkeypatch):
     lp = _layer(rng, jnp.bfloat16, hidden, n_q, n_kv, d_h, inner)
     h = _draw(rng, jnp.bfloat16, rows, hidden, scale=2.0)
     attn = _draw(rng, jnp.bfloat16, rows, n_q, d_h)
-    cos, sin = M.rope_tables(jnp.arange(rows) + 100, d_h, 1e6, jnp.bfloat16)
-    want = (*M._qkv(lp, EPS, h, cos, sin), M._attention_out_and_mlp(lp, EPS, h, attn))
+    cos, sin = L.rope_tables(jnp.arange(rows) + 100, d_h, 1e6, jnp.bfloat16)
+    want = (*L.qkv(lp, EPS, h, cos, sin), L.attention_out_and_mlp(lp, EPS, h, attn))
     calls = _on_cuda_interpreted(monkeypatch)
-    got = (*M._qkv(lp, EPS, h, cos, sin, kernel=True),
-           M._attention_out_and_mlp(lp, EPS, h, attn, kernel=True))
+    got = (*L.qkv(lp, EPS, h, cos, sin, kernel=True),
+           L.attention_out_and_mlp(lp, EPS, h, attn, kernel=True))
     assert sorted(calls) == sorted(PRODUCTS + ["norm_rope"])
     _assert_close(got, want, 2.0 ** -5)
 
@@ -149,7 +150,7 @@ def _one_request_layer(*, seed: int, slots: int, position: int):
     rows, hidden, n_q, n_kv, d_h, inner = 32, 256, 4, 2, 64, 512
     lp = _layer(rng, jnp.bfloat16, hidden, n_q, n_kv, d_h, inner)
     h = _draw(rng, jnp.bfloat16, rows, hidden, scale=2.0)
-    cos, sin = M.rope_tables(jnp.arange(rows) + position, d_h, 1e6, jnp.bfloat16)
+    cos, sin = L.rope_tables(jnp.arange(rows) + position, d_h, 1e6, jnp.bfloat16)
     k_all, v_all = (_draw(rng, jnp.bfloat16, 3, 2, slots, n_kv, d_h) for _ in range(2))
     return lp, h, cos, sin, k_all, v_all
 
@@ -158,13 +159,13 @@ def test_the_window_layer_hands_the_products_to_the_attention_kernel(monkeypatch
     """A single request's window layer as the model runs it on an NVIDIA GPU (bf16, 32 rows:
     ``platform_dependent``'s cuda branch, the kernels in the interpreter): the q/k/v product
     kernel's output goes to the attention kernel as it is, which applies the heads' norms and
-    RoPE (no :func:`~alodlm_jax.head_norm_kernel.norm_rope` call); the layer's output and the
+    RoPE (no :func:`~alodlm_jax.kernels.head_norm.norm_rope` call); the layer's output and the
     window's K/V are the XLA form's to a bf16 step or two, the values the product's own."""
     lp, h, cos, sin, k_all, v_all = _one_request_layer(seed=3, slots=128, position=100)
     index, start = (jnp.int32(1), jnp.int32(2)), jnp.int32(70)
-    *want, no_counts = M._window_layer(lp, EPS, h, cos, sin, k_all, v_all, index, start, None)
+    *want, no_counts = WL.window_layer(lp, EPS, h, cos, sin, k_all, v_all, index, start, None)
     calls = _on_cuda_interpreted(monkeypatch)
-    *got, counts = M._window_layer(lp, EPS, h, cos, sin, k_all, v_all, index, start, None,
+    *got, counts = WL.window_layer(lp, EPS, h, cos, sin, k_all, v_all, index, start, None,
                                    kernel=True)
     assert sorted(calls) == sorted(PRODUCTS + ["window_attention_qkv"])
     assert counts is None is no_counts
@@ -182,7 +183,7 @@ def test_one_request_combines_its_parts_in_the_attention_kernel(monkeypatch):
     index, start = (jnp.int32(2), jnp.int32(1)), jnp.int32(300)
     zeros = jnp.zeros((3, 1, k_all.shape[-2]), jnp.int32)
     calls = _on_cuda_interpreted(monkeypatch)
-    run = functools.partial(M._window_layer, lp, EPS, h, cos, sin, k_all, v_all, index, start,
+    run = functools.partial(WL.window_layer, lp, EPS, h, cos, sin, k_all, v_all, index, start,
                             None, kernel=True)
     *got, counts = run(counts=zeros)
     *apart, none = run()
@@ -203,21 +204,21 @@ def test_the_batch_layer_hands_the_products_to_the_attention_kernel(monkeypatch)
     of them with 9 valid), against the same layer with the heads' norms in their own kernel
     (both on the cuda branch, interpreted): the output to a bf16 step, and the window's K/V in
     each request's padded rows, zeros past its count."""
-    from alodlm_jax import rows as R
+    from alodlm_jax.network import rows as R
 
     rng = np.random.default_rng(4)
     rows, hidden, n_q, n_kv, d_h, inner, slots = 16, 256, 4, 2, 64, 512, 128
     lp = _layer(rng, jnp.bfloat16, hidden, n_q, n_kv, d_h, inner)
     m = R.row_map(jnp.asarray([16, 9], jnp.int32), 2 * rows, in_order=True)
     h = _draw(rng, jnp.bfloat16, 2 * rows, hidden, scale=2.0)
-    cos, sin = M.rope_tables(jnp.arange(2 * rows) + 100, d_h, 1e6, jnp.bfloat16)
+    cos, sin = L.rope_tables(jnp.arange(2 * rows) + 100, d_h, 1e6, jnp.bfloat16)
     k_all, v_all = (_draw(rng, jnp.bfloat16, 2, 3, 2, slots, n_kv, d_h) for _ in range(2))
     layer, depth, start = jnp.int32(1), jnp.asarray([0, 1], jnp.int32), jnp.asarray([70, 3])
     calls = _on_cuda_interpreted(monkeypatch)
 
     def run():
         calls.clear()
-        return M._window_layer_rows(lp, EPS, h, cos, sin, k_all, v_all, layer, depth, start,
+        return WL.window_layer_rows(lp, EPS, h, cos, sin, k_all, v_all, layer, depth, start,
                                     None, m, rows, kernel=True), sorted(calls)
 
     got, got_calls = run()
@@ -240,14 +241,14 @@ GPU_COMPILE = """
 
     def layer(kernel):
         return lambda lp, h, attn, cos, sin: (
-            M._qkv(lp, 1e-6, h, cos, sin, kernel),
-            M._attention_out_and_mlp(lp, 1e-6, h, attn, kernel))
+            L.qkv(lp, 1e-6, h, cos, sin, kernel),
+            L.attention_out_and_mlp(lp, 1e-6, h, attn, kernel))
 
     found = {str(kernel): report(layer(kernel), lp, spec(rows, hidden), spec(rows, n_q, d_h),
                                  spec(rows, d_h), spec(rows, d_h))
              for kernel in (True, False)}
     # A whole window layer over a cache of 2 layers x 3 depths x 256 slots, at depth 1.
-    window_layer = lambda lp, h, cos, sin, k_all, v_all, start: M._window_layer(
+    window_layer = lambda lp, h, cos, sin, k_all, v_all, start: WL.window_layer(
         lp, 1e-6, h, cos, sin, k_all, v_all, (0, jnp.int32(1)), start, None, kernel=True)
     cache = spec(2, 3, 256, n_kv, d_h)
     scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=on_gpu)
@@ -255,7 +256,7 @@ GPU_COMPILE = """
                             cache, cache, scalar)
     # The same with the counts (zeros, as run_window_stack makes them): the attention kernel's
     # last part combines the parts.
-    counting_layer = lambda lp, h, cos, sin, k_all, v_all, start: M._window_layer(
+    counting_layer = lambda lp, h, cos, sin, k_all, v_all, start: WL.window_layer(
         lp, 1e-6, h, cos, sin, k_all, v_all, (0, jnp.int32(1)), start, None, kernel=True,
         counts=jnp.zeros((2, 1, n_kv), jnp.int32))
     found["counting"] = report(counting_layer, lp, spec(rows, hidden), spec(rows, d_h),

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from alodlm_jax import params as params_mod
+from alodlm_jax.network import params as params_mod
 
 from .conftest import params_from_state_dict
 

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from alodlm_jax import rows as R
+from alodlm_jax.network import rows as R
 
 
 @pytest.mark.parametrize("counts", [[3, 0, 5, 1], [0, 0, 0, 0], [8, 8, 8, 8], [0, 2, 0, 0]])
@@ -104,7 +104,7 @@ def test_in_order_lanes_hold_each_request_in_its_own_lane(counts):
 
 
 def test_each_platform_has_its_shape_policy_and_layer_layout():
-    from alodlm_jax.params import per_layer_weights
+    from alodlm_jax.network.params import per_layer_weights
 
     assert R.shapes_for("cpu") == R.shapes_for("cpu", 4) == R.BUCKETED
     # The attention kernel on one accelerator; a mesh keeps XLA's attention (the kernel is not

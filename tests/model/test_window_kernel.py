@@ -1,4 +1,4 @@
-"""The batch step's attention kernels (:mod:`alodlm_jax.window_kernel`, TPU and GPU) against the
+"""The batch step's attention kernels (:mod:`alodlm_jax.kernels.window`, TPU and GPU) against the
 XLA form they replace, in Pallas's interpreter; and, with the aot extra, compiled for a TPU and a
 GPU without either."""
 
@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from alodlm_jax import attention as A
-from alodlm_jax import window_kernel as WK
+from alodlm_jax.network import attention as A
+from alodlm_jax.kernels import window as WK
 from alodlm_jax.plan import targets
 
 from . import gpu_compile
@@ -108,12 +108,12 @@ def test_kernel_in_bf16_agrees_to_bf16_resolution(backend, n_kv):
 def _projections(dtype, *, batch=3, rows=8, n_q=4, n_kv=2, d_h=128, seed=0):
     """The window's projections ``[B, W, n_q + 2 n_kv, d_h]`` (as the model's q/k/v product
     writes them), the heads' norm weights and each request's RoPE tables ``[B, W, d_h]``."""
-    from alodlm_jax import model as M
+    from alodlm_jax.network import layers as L
 
     rng = np.random.default_rng(seed)
     qkv = jnp.asarray(2 * rng.standard_normal((batch, rows, n_q + 2 * n_kv, d_h)), dtype)
     q_w, k_w = (jnp.asarray(1 + 0.1 * rng.standard_normal(d_h), dtype) for _ in range(2))
-    tables = [M.rope_tables(jnp.arange(rows) + 100 * b + 7, d_h, 1e6, dtype)
+    tables = [L.rope_tables(jnp.arange(rows) + 100 * b + 7, d_h, 1e6, dtype)
               for b in range(batch)]
     return qkv, q_w, k_w, jnp.stack([c for c, _ in tables]), jnp.stack([s for _, s in tables])
 
@@ -123,14 +123,14 @@ def _projections(dtype, *, batch=3, rows=8, n_q=4, n_kv=2, d_h=128, seed=0):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("rows,n_q,splits", [(8, 4, None), (5, 4, 2), (16, 8, 1), (8, 8, 2)])
 def test_gpu_kernel_normalizing_its_window_is_the_two_kernels(dtype, rows, n_q, splits):
-    """:func:`~alodlm_jax.window_kernel.window_attention_qkv` (the heads' norms and RoPE inside
+    """:func:`~alodlm_jax.kernels.window.window_attention_qkv` (the heads' norms and RoPE inside
     the attention kernel) performs the operations of
-    :func:`~alodlm_jax.head_norm_kernel.norm_rope` and then
-    :func:`~alodlm_jax.window_kernel.window_attention`: in Pallas's interpreter its keys are
+    :func:`~alodlm_jax.kernels.head_norm.norm_rope` and then
+    :func:`~alodlm_jax.kernels.window.window_attention`: in Pallas's interpreter its keys are
     norm_rope's to the bit, and its output theirs to rounding (the queries' halves are joined
     in the kernel, and XLA:CPU may then multiply them in another order: a unit in the last
     place, fp32's or bf16's)."""
-    from alodlm_jax import head_norm_kernel as HK
+    from alodlm_jax.kernels import head_norm as HK
 
     qkv, q_w, k_w, cos, sin = _projections(dtype, rows=rows, n_q=n_q)
     *_, k_all, v_all = _operands(dtype, rows=rows, n_q=n_q)
@@ -201,7 +201,7 @@ GPU_COMPILE = textwrap.dedent("""
     import json, sys
     import jax, jax.numpy as jnp
     from jax.sharding import SingleDeviceSharding
-    from alodlm_jax import window_kernel as WK
+    from alodlm_jax.kernels import window as WK
     from alodlm_jax.plan import hlo, targets
 
     on_gpu = SingleDeviceSharding(targets.load_target("h200").devices()[0])

@@ -16,8 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from alodlm_jax import model
-from alodlm_jax.params import to_device
+from alodlm_jax.network import model
+from alodlm_jax.network import cache as KC
+from alodlm_jax.network.params import to_device
 
 PROMPT = [1, 4, 7, 8, 9, 12, 2]
 WINDOW2 = [10, 3, 11]  # executes 2 passes; rows 0 and 1 persist
@@ -28,7 +29,7 @@ WINDOW3_OFFSETS = [1, 3, 0, 2]  # packed order: observed rows first, then masks,
 def _torch_side(path: str, ids_positions):
     import torch
 
-    ref_mod = pytest.importorskip("alodlm_jax.torch_reference")
+    ref_mod = pytest.importorskip("alodlm_jax.compare.torch_reference")
     ref = ref_mod.TorchALoDLM.from_checkpoint(path, "fp32")
     cache = ref_mod.DepthCache()
     (p_ids, p_pos), (w2_ids, w2_pos), (w3_ids, w3_pos) = ids_positions
@@ -84,11 +85,11 @@ def _jax_side(params, cfg, ids_positions):
             outs.append((np.asarray(logits), np.asarray(hazards)))
         return outs, cache
 
-    cache = model.init_cache(cfg, 24, jnp.float32)
+    cache = KC.init_cache(cfg, 24, jnp.float32)
     _, cache = run(p_ids, p_pos, cache, 0, cfg.max_depth)
     start = len(p_ids)
     _, cache = run(w2_ids, w2_pos, cache, start, 2)
-    cache = model.complete_depths(cache, jnp.int32(start), ROWS, jnp.int32(2))
+    cache = KC.complete_depths(cache, jnp.int32(start), ROWS, jnp.int32(2))
     start += 2  # rows 0 and 1 persist; row 2 and the padding get overwritten
     outs, _ = run(w3_ids, w3_pos, cache, start, cfg.max_depth)
     n = len(w3_ids)

@@ -1,6 +1,6 @@
 """alodlm-jax-plan: compile the tiny checkpoint's programs for a GPU and a TPU target without
 either (the aot extra), the JSON it writes, the memory a JAX process gets, the missing extra; and the
-batch program with the attention kernel (:mod:`alodlm_jax.window_kernel`) for each."""
+batch program with the attention kernel (:mod:`alodlm_jax.kernels.window`) for each."""
 
 import json
 import pathlib
@@ -12,7 +12,7 @@ import pytest
 from alodlm_jax.cli import plan as plan_cli
 from alodlm_jax.plan import targets
 from alodlm_jax.plan.compile import PROGRAM_KEYS
-from alodlm_jax.testing import aot_gpu
+from alodlm_jax.plan import aot_gpu
 
 pytestmark = pytest.mark.jax_backend
 

@@ -13,10 +13,10 @@ import pytest
 
 from alodlm_jax.cli import platforms
 from alodlm_jax.data import BUILTINS
-from alodlm_jax.testing import aot_gpu
+from alodlm_jax.plan import aot_gpu
 
 PROG = "alodlm-jax-evaluate"
-# .ci/run installs the aot extra's GPU half outside the environment (alodlm_jax.testing.aot_gpu).
+# .ci/run installs the aot extra's GPU half outside the environment (alodlm_jax.plan.aot_gpu).
 BOTH_PLUGINS = ((aot_gpu.DIR / "jax_plugins" / "xla_cuda12").is_dir()
                 and importlib.util.find_spec("libtpu") is not None)
 

@@ -73,7 +73,7 @@ def test_engines_stay_within_a_fixed_number_of_maps():
     bound of one program: the map count stops growing after the first (the code before the store
     grew by one program's maps, about 800 for this model, per shape)."""
     from alodlm_jax.decode.compiled import CompiledEngine
-    from alodlm_jax.params import load_model
+    from alodlm_jax.network.params import load_model
 
     cfg, params = load_model(BUILTINS["builtin:tiny"], "fp32", per_layer=True)
     before = programs.PROGRAMS.max_programs

@@ -1,4 +1,4 @@
-"""Streaming load (alodlm_jax.params.load_model): each tensor is read, put on its device and dropped
+"""Streaming load (alodlm_jax.network.params.load_model): each tensor is read, put on its device and dropped
 before the next one is read, and the result equals loading the whole numpy pytree first.
 
 The "one host copy at a time" check instruments the converter's one allocation point for leaves
@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from alodlm_convert import load as convert_load
-from alodlm_jax import params as params_mod
+from alodlm_jax.network import params as params_mod
 from alodlm_jax.data import BUILTINS
-from alodlm_jax.params import load_model, to_device
+from alodlm_jax.network.params import load_model, to_device
 
 TINY = BUILTINS["builtin:tiny"]
 

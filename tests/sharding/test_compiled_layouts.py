@@ -100,7 +100,7 @@ def _worker(layouts: list[list]) -> dict:
     from alodlm_jax.generate import build_generator
     from alodlm_jax.config import DecodeConfig
     from alodlm_jax.decode import batched
-    from alodlm_jax.analysis import collectives, step_collectives
+    from alodlm_jax.plan.analysis import collectives, step_collectives
 
     assert len(jax.local_devices()) == 4, jax.local_devices()
     model_dir = str(pathlib.Path(alodlm_jax.data.__file__).parent / "tiny_checkpoint")

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from alodlm_jax import distributed
+from alodlm_jax.cli import distributed
 from alodlm_scoring import evaluation, outputs
 
 GENERATE_TIMING = outputs.GENERATE_TIMING

@@ -8,7 +8,8 @@ import types
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from alodlm_jax import distributed, sharding
+from alodlm_jax.cli import distributed
+from alodlm_jax.network import sharding
 
 
 def cfg(**overrides):

@@ -119,11 +119,11 @@ def _worker(args: dict) -> dict:
     import jax
     import numpy as np
 
-    from alodlm_jax import sharding
+    from alodlm_jax.network import sharding
     from alodlm_jax.generate import build_generator
     from alodlm_jax.config import DecodeConfig
-    from alodlm_jax.model import looped_forward
-    from alodlm_jax.params import load_model
+    from alodlm_jax.network.model import looped_forward
+    from alodlm_jax.network.params import load_model
 
     paths, full = args["paths"], args["level"] == "full"
     assert len(jax.local_devices()) == 4, jax.local_devices()

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from alodlm_jax.config import DecodeConfig  # noqa: E402
 from alodlm_jax.testing.tiny_checkpoint import TinySpec, build_tiny_checkpoint  # noqa: E402
-from alodlm_jax.torch_reference import DepthCache, TorchALoDLM  # noqa: E402
+from alodlm_jax.compare.torch_reference import DepthCache, TorchALoDLM  # noqa: E402
 
 PROMPT = [4, 7, 9]
 RESULT_KEYS = ["text", "token_ids", "prompt_tokens", "generated_tokens", "wall_seconds",

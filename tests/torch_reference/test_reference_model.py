@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from alodlm_jax.testing.tiny_checkpoint import TinySpec, build_tiny_checkpoint  # noqa: E402
-from alodlm_jax.torch_reference import (  # noqa: E402
+from alodlm_jax.compare.torch_reference import (  # noqa: E402
     DepthCache, TorchALoDLM, append_rows, complete_window)
 
 IDS = [4, 7, 9, 12, 5, 8, 30, 2, 11]

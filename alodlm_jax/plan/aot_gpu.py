@@ -1,8 +1,8 @@
 """The GPU half of the aot extra, for tests that compile for a GPU without one: JAX's CUDA plugin,
 pjrt and ptxas, installed in this environment, or in the checkout's ``.ci/aot-gpu`` (where
 ``.ci/run`` puts them, off the suite's own path), which a child process puts on its path.
-(It asks the plan's targets what is installed: it sits on the plan's floor, not the other
-testing modules'.)"""
+It lives beside the plan's targets, which it asks what is installed (the testing modules sit
+below the plan and import nothing of it)."""
 
 from __future__ import annotations
 

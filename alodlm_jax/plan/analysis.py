@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from alodlm_jax import model as M
-from alodlm_jax import rows as R
+from alodlm_jax.network import cache as KC
+from alodlm_jax.network import rows as R
 from alodlm_jax.decode import batched as B
 from alodlm_jax.decode import window as W
 
@@ -41,14 +41,14 @@ def step_analysis(cfg, params, bucket: W.Bucket, *, mode: str = "entropy", dtype
     gathers each request's prefix at its own depth from the batch's cache (two gathers per layer)
     and its window's embeddings from the table (two lookups), so ``gather_overcharge`` computes
     what the model charges beyond the gathered bytes, and ``bytes_moved`` is ``bytes_accessed``
-    less it. ``shapes``: the step's :mod:`alodlm_jax.rows` policy (an engine's ``shapes``).
+    less it. ``shapes``: the step's :mod:`alodlm_jax.network.rows` policy (an engine's ``shapes``).
     Returns plain numbers (see the keys).
     """
     dtype = jnp.dtype(dtype or jax.tree_util.tree_leaves(params)[0].dtype)
     window_size = bucket.window_size
     rows = 2 * window_size
     params_spec = W.abstract(params)
-    cache = B.batched_spec(bucket, jax.eval_shape(lambda: M.init_cache(cfg, bucket.t_max, dtype)))
+    cache = B.batched_spec(bucket, jax.eval_shape(lambda: KC.init_cache(cfg, bucket.t_max, dtype)))
     vocab, hidden = params_spec["embed"].shape
     one = jax.eval_shape(lambda: B.fresh_slot(
         {"embed": jnp.zeros((1, hidden), dtype)}, cfg, window_size, bucket.capacity, 0,

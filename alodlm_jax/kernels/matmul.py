@@ -21,7 +21,7 @@ of 2,048 values are 128 KB, read from L2). Grids of 128-384 programs for the rel
 
 Numerics: the XLA form's operations in its order, with its roundings: the norm in fp32, its
 normalized value rounded to the 16-bit dtype, the weight's product rounded; each product
-accumulated in fp32 and rounded once (:func:`alodlm_jax.model._mm`'s GPU form); silu in fp32 and
+accumulated in fp32 and rounded once (:func:`alodlm_jax.network.layers.mm`'s GPU form); silu in fp32 and
 rounded; SwiGLU's product and the residual's sum rounded. Sums are added in another order than
 XLA's (the norm's squares, the products' split-K parts), so 16-bit outputs agree to rounding, not
 bit for bit. The model uses them only for 16-bit activations (fp32 parity runs keep XLA's form).
@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltr
 
-from alodlm_jax.window_kernel import power_of_two
+from alodlm_jax.kernels.common import power_of_two
 
 __all__ = ["norm_matmul", "matmul_residual", "supported", "MIN_ROWS", "MAX_ROWS"]
 

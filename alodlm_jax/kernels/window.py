@@ -1,8 +1,8 @@
 """A window's attention as a Pallas kernel reading each request's K/V in place.
 
 :func:`window_attention` computes what ``jax.vmap(attention.attend_in_copy)`` computes for the
-in-order lanes of the :data:`~alodlm_jax.rows.FIXED` batch step (and, as a batch of one, for a
-single request's window, :func:`alodlm_jax.model.run_window_stack`): request ``b``'s queries (its
+in-order lanes of the :data:`~alodlm_jax.network.rows.FIXED` batch step (and, as a batch of one, for a
+single request's window, :func:`alodlm_jax.network.window_layers.run_window_stack`): request ``b``'s queries (its
 window rows) attend over its prefix, cache slots ``< start[b]`` of layer ``layer`` at depth
 ``depth[b]`` of the batch's buffers, and over its own window's K/V, row ``a`` seeing window rows
 ``<= a``, in one softmax. The XLA form reads every request's slice of the cache into a copy (a
@@ -24,15 +24,15 @@ online softmax:
   :func:`gpu_splits`): grid ``(B, n_kv, splits)``, each program one run of the prefix's tiles,
   writing its unnormalized output, maximum and sum in fp32; a second kernel combines them, or,
   where the caller carries zeroed counts (one request's window layers,
-  :func:`alodlm_jax.model.run_window_stack`), the head's last program to finish does, in the
+  :func:`alodlm_jax.network.window_layers.run_window_stack`), the head's last program to finish does, in the
   same order.
   :func:`window_attention_qkv` is the same kernel taking the window's queries and keys as the
   q/k/v products leave them: each program applies the heads' norms and RoPE itself
-  (:func:`norm_rope_halves`, the operations of :mod:`alodlm_jax.head_norm_kernel`) and the
+  (:func:`norm_rope_halves`, the operations of :mod:`alodlm_jax.kernels.head_norm`) and the
   window's keys so made come back for the cache, one kernel a layer fewer.
 
 Numerics: scores, the running maximum and sums and the output accumulation in fp32, products of
-fp32 operands at ``Precision.HIGHEST``, as :func:`alodlm_jax.attention.attend` does; the
+fp32 operands at ``Precision.HIGHEST``, as :func:`alodlm_jax.network.attention.attend` does; the
 unnormalized probabilities are cast to the value dtype before their product with V (the XLA form
 casts the normalized ones) and the sum is taken in another order (the GPU's parts: summed per
 part, then across parts), so in fp32 the two agree to rounding (tested) and in bf16 to bf16's
@@ -50,6 +50,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltr
+
+from alodlm_jax.kernels.common import norm_rope_halves, power_of_two, table_halves
 
 _NEG_INF = -1e30  # as attention's _NEG_INF: masked scores' exp underflows to exactly 0
 GPU_BLOCK_SLOTS = 64  # cache slots per tile of the GPU kernel's loop (the FIXED cache: multiples)
@@ -72,52 +74,6 @@ def _precision(dtype):
     """As the model's products: fp32 operands multiplied in full fp32 (Triton's default is TF32);
     16-bit ones at the default (Mosaic refuses ``HIGHEST`` for them)."""
     return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
-
-
-def power_of_two(n: int) -> bool:
-    """Whether ``n`` is a power of two (Triton's tensors have power-of-two sizes)."""
-    return n > 0 and n & (n - 1) == 0
-
-
-def table_halves(ref) -> tuple:
-    """The two halves ``[T, d_h / 2]`` of a RoPE table ref ``[T, d_h]`` (cos or sin), in fp32."""
-    half = ref.shape[-1] // 2
-    return ref[:, :half].astype(jnp.float32), ref[:, half:].astype(jnp.float32)
-
-
-def norm_rope_supported(n_q: int, n_kv: int, head_dim: int, dtype) -> bool:
-    """Whether :func:`norm_rope_halves` runs on a GPU for these heads: 16-bit, a query group and
-    head halves whose sizes are powers of two (Triton's tiles)."""
-    return (jnp.dtype(dtype).itemsize == 2 and n_q % n_kv == 0 and power_of_two(n_q // n_kv)
-            and head_dim % 2 == 0 and power_of_two(head_dim // 2))
-
-
-def norm_rope_halves(x_ref, w_ref, cos, sin, eps: float):
-    """Qwen3's head RMSNorm, then rotate-half RoPE, of the heads in ``x_ref`` ``[T, d_h]`` or
-    ``[T, group, d_h]`` (16-bit), read as their two halves so that the rotation is a choice of
-    operands; ``w_ref`` the norm's weight ``[d_h]``, ``cos`` and ``sin`` the tables' halves
-    ``[T, d_h / 2]`` (:func:`table_halves`), shared by a row's heads. Every operation of the XLA
-    form (:func:`alodlm_jax.model.rms_norm`, ``_apply_rope``) in its order, each result rounded
-    to the 16-bit dtype where XLA rounds it (it evaluates 16-bit elementwise operations in
-    fp32): the sum of squares in fp32 (per half, then added), the normalized value, its product
-    with the weight, RoPE's two products and their sum. Returns the rotated halves in
-    ``x_ref``'s dtype; a row of zeros stays zeros. Used by :mod:`alodlm_jax.head_norm_kernel` and
-    by the GPU attention kernel that normalizes its own window (:func:`window_attention_qkv`)."""
-    f32, dtype = jnp.float32, x_ref.dtype
-    half = x_ref.shape[-1] // 2
-
-    def round_(x):  # one 16-bit rounding, back in fp32 for the next operation
-        return x.astype(dtype).astype(f32)
-
-    x1, x2 = x_ref[..., :half].astype(f32), x_ref[..., half:].astype(f32)
-    total = jnp.sum(x1 * x1, axis=-1, keepdims=True) + jnp.sum(x2 * x2, axis=-1, keepdims=True)
-    scale = jax.lax.rsqrt(total / (2 * half) + eps)
-    n1 = round_(w_ref[:half].astype(f32) * round_(x1 * scale))
-    n2 = round_(w_ref[half:].astype(f32) * round_(x2 * scale))
-    c1, c2, s1, s2 = (t[:, None, :] if x1.ndim == 3 else t for t in (*cos, *sin))
-    # rotate_half(n) = (-n2, n1): out = n * cos + rotate_half(n) * sin
-    return ((round_(n1 * c1) + round_(-n2 * s1)).astype(dtype),
-            (round_(n2 * c2) + round_(n1 * s2)).astype(dtype))
 
 
 def block_slots(slots: int) -> int:
@@ -208,7 +164,7 @@ def _scores(q, k, mask):
 def _seen(v, seen):
     """A block's values ``[n, d_h]`` zeroed in the slots past the prefix (``seen`` ``[n, 1]``):
     their probabilities are zeros, but a slot left from another request may hold inf or NaN
-    (``0 * inf`` is NaN; as in :mod:`alodlm_jax.attention`)."""
+    (``0 * inf`` is NaN; as in :mod:`alodlm_jax.network.attention`)."""
     return jnp.where(seen, v, jnp.zeros((), v.dtype))
 
 
@@ -363,7 +319,7 @@ def _gpu_kernel(layer_ref, depth_ref, start_ref, q_ref, kw_ref, vw_ref, k_ref, v
 def _normed_window(q_ref, kw_ref, cos_ref, sin_ref, qn_ref, kn_ref, eps: float):
     """A program's stacked queries ``[rows * group, d_h]`` and window keys ``[rows, d_h]`` from
     their projections, ``q_ref`` ``[rows, group, d_h]`` and ``kw_ref`` ``[rows, d_h]``, with the
-    heads' norms and RoPE applied as :mod:`alodlm_jax.head_norm_kernel` applies them."""
+    heads' norms and RoPE applied as :mod:`alodlm_jax.kernels.head_norm` applies them."""
     cos, sin = table_halves(cos_ref), table_halves(sin_ref)
 
     def rows(x_ref, w_ref):
@@ -591,12 +547,12 @@ def window_attention_qkv(qkv, n_q: int, q_weight, k_weight, cos, sin, eps: float
                          splits: int | None = None, counts=None):
     """:func:`window_attention` on an NVIDIA GPU for queries and window keys as the projections
     leave them: the kernel applies the heads' norms and RoPE first, as
-    :func:`alodlm_jax.head_norm_kernel.norm_rope` would in a kernel of its own
+    :func:`alodlm_jax.kernels.head_norm.norm_rope` would in a kernel of its own
     (:func:`norm_rope_halves`).
 
     ``qkv`` ``[B, W, n_q + 2 n_kv, d_h]`` (16-bit, as the cache; the heads of q, k and v in that
     order), the norms' weights ``[d_h]``, cos/sin ``[B, W, d_h]``
-    (:func:`alodlm_jax.model.rope_tables`); the rest as :func:`window_attention`. Returns the
+    (:func:`alodlm_jax.network.layers.rope_tables`); the rest as :func:`window_attention`. Returns the
     output ``[B, W, n_q, d_h]`` and the window's keys ``[B, W, n_kv, d_h]`` as normalized and
     rotated (for the cache); the window's values are ``qkv``'s last ``n_kv`` heads as they
     are. Where :func:`supported` says so for the GPU and :func:`norm_rope_supported` for the

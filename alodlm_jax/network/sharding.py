@@ -3,7 +3,7 @@
 The mesh has two named axes, ``("data", "model")``. Only ``model`` partitions tensors (Megatron
 style: attention by heads, the MLP by its intermediate dimension); ``data`` replicates them and
 splits the compiled engine's batch of request slots (:mod:`alodlm_jax.decode.layout`). Across
-processes and hosts, data parallelism is the task split of :mod:`alodlm_jax.distributed`: every
+processes and hosts, data parallelism is the task split of :mod:`alodlm_jax.cli.distributed`: every
 process builds its mesh over its own *local* devices and decodes its own tasks, so no collective
 ever crosses a host during decoding.
 
@@ -50,7 +50,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from alodlm_jax import model as M
+from alodlm_jax.network import cache as KC
 
 DATA_AXIS = "data"
 MODEL_AXIS = "model"
@@ -164,7 +164,7 @@ def make_mesh(spec: MeshSpec | str | None = None, devices: Sequence[Any] | None 
     """A ``("data", "model")`` mesh over the first ``data·model`` devices of ``devices``.
 
     ``devices`` defaults to this process's local devices (``jax.local_devices()``): under
-    :mod:`alodlm_jax.distributed` each process decodes on its own devices.
+    :mod:`alodlm_jax.cli.distributed` each process decodes on its own devices.
     """
     if not isinstance(spec, MeshSpec):
         spec = MeshSpec.parse(spec)
@@ -230,14 +230,14 @@ def cache_shardings(mesh: Mesh, cfg=None):
     if cfg is not None:
         empty = {g for g, n in (("prelude", cfg.num_prelude_layers), ("core", cfg.num_core_layers),
                                 ("coda", cfg.num_coda_layers)) if n == 0}
-    return M.KVCache(**{name: NamedSharding(mesh, P() if name.split("_")[0] in empty else spec)
+    return KC.KVCache(**{name: NamedSharding(mesh, P() if name.split("_")[0] in empty else spec)
                       for name, spec in CACHE_SPECS.items()})
 
 
 def init_sharded_cache(cfg, t_max: int, dtype, mesh: Mesh):
     """``model.init_cache`` created directly in its shards (each device allocates its heads)."""
     check_divisibility(cfg, model_axis_size(mesh))
-    make = jax.jit(lambda: M.init_cache(cfg, t_max, dtype), out_shardings=cache_shardings(mesh, cfg))
+    make = jax.jit(lambda: KC.init_cache(cfg, t_max, dtype), out_shardings=cache_shardings(mesh, cfg))
     return make()
 
 
@@ -252,7 +252,7 @@ def shard_params(params: Params, mesh: Mesh, cfg=None) -> Params:
 
 
 def sharding_hook(mesh: Mesh) -> Callable[[tuple[str, ...], Any], NamedSharding]:
-    """``alodlm_jax.params``' ``sharding`` hook form of the rules: ``(path, array) -> sharding``."""
+    """``alodlm_jax.network.params``' ``sharding`` hook form of the rules: ``(path, array) -> sharding``."""
     specs = param_specs()
 
     def hook(path: tuple[str, ...], array) -> NamedSharding:

@@ -21,7 +21,7 @@ Three shape policies (a static argument of the compiled programs, :func:`shapes_
 * :data:`KERNEL` (one GPU or TPU): :data:`FIXED`'s shapes, and every window's attention (a batch
   step's, and a single request's as a batch of one) in a Pallas kernel that reads each request's
   K/V where it lies in the cache
-  (:mod:`alodlm_jax.window_kernel`) instead of XLA's copy of each request's prefix (which XLA:TPU
+  (:mod:`alodlm_jax.kernels.window`) instead of XLA's copy of each request's prefix (which XLA:TPU
   expands into loops: the 8B's batch-32 step had 33.7k kernels). On a mesh the programs keep
   :data:`FIXED` (the kernel is not partitioned across devices).
 
@@ -60,13 +60,6 @@ def is_fixed(shapes: str) -> bool:
     return shapes != BUCKETED
 
 
-def attention(shapes: str) -> dict[str, bool]:
-    """The window forwards' attention options under ``shapes`` (``alodlm_jax.model``'s
-    ``bucketed`` and ``kernel``): attention buckets under :data:`BUCKETED`, the Pallas kernel under
-    :data:`KERNEL`."""
-    return {"bucketed": not is_fixed(shapes), "kernel": shapes == KERNEL}
-
-
 @struct.dataclass
 class RowMap:
     """The valid rows of ``B`` requests' windows packed into ``R`` matrix rows (ragged batching),
@@ -91,7 +84,7 @@ class RowMap:
         ``in_order``).
       in_order: static — lane ``b`` is request ``b`` (``A == B``; :data:`FIXED`), so attention
         takes lane ``b``'s cache at batch index ``b`` rather than looking its request up (each
-        request's depth is still a per-request read, :func:`alodlm_jax.attention.attend_in_copy`).
+        request's depth is still a per-request read, :func:`alodlm_jax.network.attention.attend_in_copy`).
     """
 
     slot: jax.Array

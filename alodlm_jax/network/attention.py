@@ -2,16 +2,16 @@
 
 Every form computes the same thing: grouped-query attention of a layer's query rows over the slots
 of their buffer that they see, scores, masking and softmax in fp32, probabilities cast to the
-activation dtype before the product with V (the numerics of :mod:`alodlm_jax.model`). They differ
+activation dtype before the product with V (the numerics of :mod:`alodlm_jax.network.model`). They differ
 in where the keys and values lie:
 
 * :func:`attend`: a whole buffer holding the rows' own K/V; row ``a`` sees slots ``<= start + a``
-  (:mod:`alodlm_jax.model`'s layers that write the cache);
+  (:mod:`alodlm_jax.network.model`'s layers that write the cache);
 * :func:`attend_window`: the cache's prefix (slots ``< start``) and the window's own K/V beside it,
   as two blocks of one softmax (the window forwards, which only read the cache);
 * :func:`attend_in_copy`: one request's prefix read into a copy with its window written in, then
-  :func:`attend` (the :data:`~alodlm_jax.rows.FIXED` batch step); :func:`attend_in_order` runs it
-  for in-order lanes, :func:`kernel_attention` in :mod:`alodlm_jax.window_kernel`'s Pallas kernel
+  :func:`attend` (the :data:`~alodlm_jax.network.rows.FIXED` batch step); :func:`attend_in_order` runs it
+  for in-order lanes, :func:`kernel_attention` in :mod:`alodlm_jax.kernels.window`'s Pallas kernel
   where the platform has one.
 
 Slots no row sees get zero values, so a request's outputs depend only on the slots it wrote and
@@ -117,7 +117,7 @@ def attend_window(q: jax.Array, k_pre: jax.Array, v_pre: jax.Array, start: jax.A
 
 def attend_in_copy(q, k, v, k_buf, v_buf, start, depth, *, layer, size: int) -> jax.Array:
     """One request's window attention (:func:`attend_window`'s visible set) for the
-    :data:`~alodlm_jax.rows.FIXED` batch step: the request's ``size`` cache slots at ``layer`` (and
+    :data:`~alodlm_jax.network.rows.FIXED` batch step: the request's ``size`` cache slots at ``layer`` (and
     ``depth``) are read into a copy, the window's K/V written into it at ``start``, and the rows
     attend over that one buffer (:func:`attend`: row ``a`` sees slots ``<= start + a``).
 
@@ -148,22 +148,16 @@ def attend_in_order(q, k, v, k_all, v_all, layer, depth, start, *, size: int):
 
 
 def kernel_attention(q, k, v, k_all, v_all, layer, depth, start, *, size: int):
-    """:func:`attend_in_order` by :mod:`alodlm_jax.window_kernel`, chosen by the platform the
+    """:func:`attend_in_order` by :mod:`alodlm_jax.kernels.window`, chosen by the platform the
     program is lowered for: the Mosaic kernel on a TPU, the Triton one on an NVIDIA GPU (each
     where it supports the shapes), the TPU's in Pallas's interpreter on the CPU (tests), and
     :func:`attend_in_order` itself elsewhere."""
-    from alodlm_jax import window_kernel as WK
+    from alodlm_jax.kernels import select
 
     def xla(*operands):
         return attend_in_order(*operands, size=size)
 
-    def on(backend, interpret=False):
-        shape = dict(slots=k_all.shape[-3], n_kv=k.shape[-2], head_dim=k.shape[-1],
-                     rows=q.shape[1], group=q.shape[2] // k.shape[2], dtype=k_all.dtype)
-        if interpret or WK.supported(backend, **shape):
-            return functools.partial(WK.window_attention, backend=backend, interpret=interpret)
-        return xla
-
+    shape = dict(slots=k_all.shape[-3], n_kv=k.shape[-2], head_dim=k.shape[-1],
+                 rows=q.shape[1], group=q.shape[2] // k.shape[2], dtype=k_all.dtype)
     return jax.lax.platform_dependent(q, k, v, k_all, v_all, layer, depth, start,
-                                      tpu=on("tpu"), cuda=on("gpu"),
-                                      cpu=on("tpu", interpret=True), default=xla)
+                                      **select.window_attention_forms(shape, xla))

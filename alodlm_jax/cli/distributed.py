@@ -1,7 +1,7 @@
 """Data parallelism across processes and hosts: one evaluation split over ``jax.distributed``.
 
 Every process decodes its own share of the tasks on its own (local) devices — possibly a
-tensor-parallel mesh (:mod:`alodlm_jax.sharding`) — and writes its own shard of predictions; no
+tensor-parallel mesh (:mod:`alodlm_jax.network.sharding`) — and writes its own shard of predictions; no
 collective runs during decoding. At the end process 0 merges the shards into exactly the
 ``predictions.jsonl`` and ``summary.json`` that one process would have written (timings aside).
 

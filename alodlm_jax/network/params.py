@@ -16,7 +16,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from alodlm_jax.model import Params, resolve_dtype, unstack_layers
+from alodlm_jax.network.cache import resolve_dtype
+from alodlm_jax.network.layers import Params
+from alodlm_jax.network.model import unstack_layers
 
 ShardingHook = Callable[[tuple[str, ...], np.ndarray], Any]
 
@@ -64,7 +66,7 @@ def to_device(params: Params, dtype="keep", sharding: ShardingHook | None = None
 
     ``dtype`` is ``"fp32"``, ``"bf16"``, ``"keep"`` or a dtype. Casting happens on the host before
     transfer, so a bf16 model never occupies fp32 device memory. ``per_layer`` splits the layer
-    groups into tuples of per-layer dicts on the host first (:func:`alodlm_jax.model.unstack_layers`,
+    groups into tuples of per-layer dicts on the host first (:func:`alodlm_jax.network.model.unstack_layers`,
     the fast layout for decoding; the sharding hook then sees paths like ``("core", "0", "q")``).
     The whole numpy pytree stays alive until the end; :func:`load_model` streams instead.
     """

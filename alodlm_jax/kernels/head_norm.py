@@ -1,7 +1,7 @@
 """The queries' and keys' head norms and RoPE as one Triton kernel (NVIDIA GPUs, 16-bit models).
 
 A layer applies Qwen3's per-head RMSNorm and then rotate-half RoPE to its queries and its keys
-(:func:`alodlm_jax.model.rms_norm`, ``_apply_rope``). XLA:GPU makes four kernels of them: each
+(:func:`alodlm_jax.network.layers.rms_norm`, ``_apply_rope``). XLA:GPU makes four kernels of them: each
 norm is a reduction fusion, and RoPE's rotation (a concatenate of the head's halves) does not
 join it, so each rotation is a kernel of its own. :func:`norm_rope` is one kernel for both: grid
 ``(T / TILE_ROWS, n_kv)``, a program normalizes and rotates one KV head's key and its group of
@@ -10,8 +10,8 @@ choice of operands rather than a data movement. It takes the values too and retu
 they are, so that the three projections arrive as one array, which XLA:GPU writes in the kernel
 that adds the products' split-K partial sums (the values' own kernel before). Where the GPU
 attention kernel takes the window, it applies the same operations itself
-(:func:`alodlm_jax.window_kernel.window_attention_qkv`, through
-:func:`~alodlm_jax.window_kernel.norm_rope_halves`, which this kernel runs too), and this kernel
+(:func:`alodlm_jax.kernels.window.window_attention_qkv`, through
+:func:`~alodlm_jax.kernels.window.norm_rope_halves`, which this kernel runs too), and this kernel
 is the fallback for the shapes it does not take.
 
 Numerics: every operation of the XLA form, in its order, with the same roundings: the norm's
@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltr
 
-from alodlm_jax.window_kernel import norm_rope_halves, norm_rope_supported, table_halves
+from alodlm_jax.kernels.common import norm_rope_halves, norm_rope_supported, table_halves
 
 __all__ = ["norm_rope", "supported", "TILE_ROWS", "MAX_ROWS"]
 
@@ -69,7 +69,7 @@ def norm_rope(qkv, n_q: int, n_kv: int, q_weight, k_weight, cos, sin, eps: float
 
     qkv ``[T, n_q + 2 n_kv, d_h]`` (16-bit; the three projections' heads in that order, one
     array so that XLA:GPU writes it in one kernel), the norms' weights ``[d_h]``, cos/sin
-    ``[T, d_h]`` (:func:`alodlm_jax.model.rope_tables`). Returns q ``[T, n_q, d_h]``, k and v
+    ``[T, d_h]`` (:func:`alodlm_jax.network.layers.rope_tables`). Returns q ``[T, n_q, d_h]``, k and v
     ``[T, n_kv, d_h]``. Where :func:`supported` says so; ``interpret`` runs it in Pallas's
     interpreter."""
     rows, _, d_h = qkv.shape
