@@ -208,8 +208,10 @@ GPU_COMPILE = textwrap.dedent("""
     from jax.sharding import SingleDeviceSharding
     from alodlm_jax import window_kernel as WK
     from alodlm_jax.plan import hlo, targets
+    from alodlm_jax.plan.compile import lowering_for
 
-    on_gpu = SingleDeviceSharding(targets.load_target("h200").devices()[0])
+    device = targets.load_target("h200").devices()[0]
+    on_gpu = SingleDeviceSharding(device)
     spec = lambda shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype, sharding=on_gpu)
     cache = spec((2, 2, 3, 768, 8, 128))
     window = spec((2, 16, 8, 128))
@@ -223,7 +225,9 @@ GPU_COMPILE = textwrap.dedent("""
         else:
             fn = lambda *a: WK.window_attention(*a, backend="gpu", splits=splits)
             operands = (spec((2, 16, 16, 128)), window, window, cache, cache, *scalars)
-        text = jax.jit(fn).lower(*operands).compile().as_text()
+        with lowering_for(device):
+            lowered = jax.jit(fn).lower(*operands)
+        text = lowered.compile().as_text()
         module = hlo.parse(text)
         calls = [i for c in module.computations.values() for i in c.instructions
                  if i.opcode == "custom-call"]
