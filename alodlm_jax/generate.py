@@ -92,7 +92,9 @@ def missing_device_message(device: str) -> str:
     if runtime is None:
         return message
     module, what, installed, extra, pin, noun, check = runtime
-    if importlib.util.find_spec(module) is None:
+    if device == "cuda" and importlib.util.find_spec("jax_cuda13_plugin") is not None:
+        installed = "jax-cuda13-plugin"  # the cuda13 extra's (a GPU image's JAX may bring it)
+    elif importlib.util.find_spec(module) is None:
         return (f"{message}: {what} is not installed; install it with: python -m pip install "
                 f"'alodlm-jax[{extra}]' (from a checkout: python -m pip install -e '.[{extra}]'), "
                 f"which pins {pin}=={jax.__version__}")

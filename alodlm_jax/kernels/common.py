@@ -6,8 +6,16 @@ conditions (:mod:`alodlm_jax.kernels.select`) read it on every platform."""
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
+
+# JAX 0.11 deprecates Pallas's Triton backend (the GPU kernels of this package) with a
+# DeprecationWarning at each lowering for a GPU; what its removal would take is in
+# docs/performance.md. Users are not told at every compile: that one warning is ignored.
+warnings.filterwarnings("ignore", message="The Pallas Triton backend is deprecated",
+                        category=DeprecationWarning)
 
 __all__ = ["power_of_two", "table_halves", "norm_rope_supported", "norm_rope_halves"]
 

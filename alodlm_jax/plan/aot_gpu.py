@@ -12,9 +12,11 @@ import sys
 
 from alodlm_jax.plan import targets
 
-DIR = pathlib.Path(__file__).resolve().parents[2] / ".ci" / "aot-gpu"
+# ALODLM_AOT_GPU: another folder (.ci/run's tier for newer JAX lines: each its own plugin release)
+DIR = pathlib.Path(os.environ.get("ALODLM_AOT_GPU")
+                   or pathlib.Path(__file__).resolve().parents[2] / ".ci" / "aot-gpu")
 INSTALLED = targets.missing_extra(targets.load_target("h200")) is None  # in this process
-IN_CHECKOUT = (DIR / "jax_cuda12_plugin").is_dir()  # for a child process (child_env)
+IN_CHECKOUT = any((DIR / f"jax_cuda{v}_plugin").is_dir() for v in (12, 13))  # for child_env
 AVAILABLE = INSTALLED or IN_CHECKOUT
 
 

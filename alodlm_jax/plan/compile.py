@@ -260,7 +260,7 @@ def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: in
             log(f"compiling {program.name} (batch {program.batch}) for {target.name}")
         start = time.perf_counter()
         try:
-            compiled, thunks = _compile(program, args, options, dump=gpu)
+            compiled, thunks = _compile(program, args, options, dump=gpu, device=devices[0])
         except jax.errors.JaxRuntimeError as error:
             if "RESOURCE_EXHAUSTED" not in str(error):
                 raise
@@ -292,7 +292,9 @@ def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: in
                 f"beyond its arguments")
         args = admit.args if layout is not None else place(admit.args, devices[0])
         try:
-            memory = admit.jitted.lower(*args, **admit.kwargs).compile().memory_analysis()
+            with lowering_for(devices[0]):
+                lowered = admit.jitted.lower(*args, **admit.kwargs)
+            memory = lowered.compile().memory_analysis()
         except jax.errors.JaxRuntimeError as error:  # XLA:TPU: not even that batch fits
             if "RESOURCE_EXHAUSTED" not in str(error):
                 raise
@@ -335,12 +337,26 @@ def plan(target, cfg, params_spec, decode, *, prompt_tokens: int, batch_size: in
     }
 
 
-def _compile(program: PlannedProgram, args, options: dict, *, dump: bool):
+def lowering_for(device):
+    """A context for lowering a program for ``device``, one of a target's devices: JAX's default
+    device for a compile-only GPU. Pallas's Triton lowering (JAX 0.11 and later) takes the GPU's
+    kind, and so the kernels' compute capability, from the default device, which without a GPU
+    is the CPU ("Unsupported GPU device kind"); JAX 0.10 fell back to sm_90 there."""
+    import contextlib
+
+    if getattr(device, "platform", None) in ("gpu", "cuda", "rocm"):
+        return jax.default_device(device)
+    return contextlib.nullcontext()
+
+
+def _compile(program: PlannedProgram, args, options: dict, *, dump: bool, device=None):
     """``(compiled, thunks)``: the program compiled with XLA ``options``; with ``dump`` (XLA:GPU)
     also XLA's thunk sequence after its thunk passes and the thunks' metadata
     (:func:`alodlm_jax.plan.launches.read_dump`), written to a temporary directory (the dump's
-    time is part of the compile seconds). The dump's options are not part of the program."""
-    lowered = program.jitted.lower(*args, **program.kwargs)
+    time is part of the compile seconds). The dump's options are not part of the program.
+    ``device``: the target device it is lowered for (:func:`lowering_for`)."""
+    with lowering_for(device):
+        lowered = program.jitted.lower(*args, **program.kwargs)
     if not dump:
         return lowered.compile(compiler_options=options or None), None
     import tempfile

@@ -151,9 +151,12 @@ def missing_extra(target: Target) -> str | None:
     if target.kind == "tpu":
         needed = {"libtpu": "jax[tpu]"}
     elif target.kind == "gpu":
-        needed = {"jax_cuda12_plugin": "jax-cuda12-plugin", "jax_plugins.xla_cuda12": "jax-cuda12-pjrt"}
-        if not (_importable("nvidia.cuda_nvcc") or shutil.which("ptxas")
-                or pathlib.Path("/usr/local/cuda/bin/ptxas").is_file()):
+        # JAX's CUDA 12 plugin, or its CUDA 13 one (the only one from JAX 0.12.1 on)
+        cuda = 13 if _importable("jax_cuda13_plugin") else 12
+        needed = {f"jax_cuda{cuda}_plugin": f"jax-cuda{cuda}-plugin",
+                  f"jax_plugins.xla_cuda{cuda}": f"jax-cuda{cuda}-pjrt"}
+        if not (_importable("nvidia.cuda_nvcc") or _importable("nvidia.cu13")
+                or shutil.which("ptxas") or pathlib.Path("/usr/local/cuda/bin/ptxas").is_file()):
             needed["nvidia.cuda_nvcc"] = "nvidia-cuda-nvcc-cu12 (ptxas)"
     else:
         return None

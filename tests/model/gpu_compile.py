@@ -18,11 +18,16 @@ _PRELUDE = textwrap.dedent("""
     from alodlm_jax.network import layers as L, window_layers as WL
     from alodlm_jax.plan import hlo, targets
 
-    on_gpu = SingleDeviceSharding(targets.load_target("h200").devices()[0])
+    from alodlm_jax.plan.compile import lowering_for
+
+    device = targets.load_target("h200").devices()[0]
+    on_gpu = SingleDeviceSharding(device)
     spec = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=on_gpu)
 
     def report(fn, *args):
-        text = jax.jit(fn).lower(*args).compile().as_text()
+        with lowering_for(device):
+            lowered = jax.jit(fn).lower(*args)
+        text = lowered.compile().as_text()
         module = hlo.parse(text)
         calls = [i for c in module.computations.values() for i in c.instructions
                  if i.opcode == "custom-call"]

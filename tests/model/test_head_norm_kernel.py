@@ -100,4 +100,7 @@ def test_kernel_compiles_for_a_gpu_without_one():
     assert found["True"]["bytes"] == [moved]
     assert found["True"]["programs"] == [rows // HK.TILE_ROWS * 2]
     assert found["False"]["triton"] == 0
-    assert found["False"]["kernels"] - found["True"]["kernels"] == 3
+    # XLA:GPU of JAX 0.12.1 fuses XLA's form further: 5 kernels against the kernel's 4 (3 more
+    # on JAX 0.10.2 and 0.11.2)
+    fewer = 3 if jax.__version_info__ < (0, 12) else 1
+    assert found["False"]["kernels"] - found["True"]["kernels"] == fewer

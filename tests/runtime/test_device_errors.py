@@ -63,11 +63,14 @@ def test_missing_tpu_runtime_names_the_extra(monkeypatch):
     assert "pip install -e '.[tpu]'" in message and f"jax[tpu]=={jax.__version__}" in message
 
 
-def test_tpu_extra_pins_the_projects_jax():
+def test_accelerator_extras_follow_the_projects_jax_range():
+    """The cuda, cuda13 and tpu extras ask for JAX's own extra over the project's JAX range, so
+    pip resolves the plugin or libtpu of the JAX it installs."""
     import pathlib
     import tomllib
 
     project = tomllib.loads((pathlib.Path(__file__).parents[2] / "pyproject.toml").read_text())
-    jax_pin = next(d for d in project["project"]["dependencies"] if d.startswith("jax=="))
-    assert project["project"]["optional-dependencies"]["tpu"] == [
-        "jax[tpu]==" + jax_pin.removeprefix("jax==")]
+    jax_range = next(d for d in project["project"]["dependencies"] if d.startswith("jax>="))
+    extras = project["project"]["optional-dependencies"]
+    for extra, jax_extra in (("cuda", "cuda12"), ("cuda13", "cuda13"), ("tpu", "tpu")):
+        assert extras[extra] == [f"jax[{jax_extra}]" + jax_range.removeprefix("jax")]
