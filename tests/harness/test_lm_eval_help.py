@@ -14,20 +14,6 @@ from alodlm_jax.harness import MODEL_NAME  # noqa: E402
 from alodlm_jax.harness.model_args import MODEL_ARG_KEYS  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _lm_eval_log_handlers():
-    """lm-eval's command line adds a log handler on the test's captured stderr: removed after
-    each test, so later tests do not log into a closed stream."""
-    import logging
-
-    logger = logging.getLogger("lm_eval")
-    before = list(logger.handlers)
-    yield
-    for handler in logger.handlers[:]:
-        if handler not in before:
-            logger.removeHandler(handler)
-
-
 @pytest.mark.parametrize("argv", [["--help"], ["-h"], ["run", "--help"]])
 def test_help_names_the_model_and_its_keys_before_lm_evals_help(argv, capsys):
     status = lm_eval_cli.main(["alodlm-jax-lm-eval", *argv])

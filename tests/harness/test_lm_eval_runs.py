@@ -23,20 +23,6 @@ MAX_GEN_TOKS = 8
 TASK = "alodlm_tiny_gen"
 
 
-@pytest.fixture(autouse=True)
-def _lm_eval_log_handlers():
-    """lm-eval's command line adds a handler on the captured stderr of the test that ran it;
-    remove it afterwards so that later tests do not log into a closed stream."""
-    import logging
-
-    logger = logging.getLogger("lm_eval")
-    before = list(logger.handlers)
-    yield
-    for handler in logger.handlers[:]:
-        if handler not in before:
-            logger.removeHandler(handler)
-
-
 def _offline(monkeypatch):
     """Nothing may download: Hugging Face's offline switches, also where already read."""
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
