@@ -46,6 +46,7 @@ from alodlm_jax.network import rows as R  # noqa: E402
 from alodlm_jax.config import DecodeConfig  # noqa: E402
 from alodlm_jax.decode.compiled import CompiledEngine  # noqa: E402
 from alodlm_jax.testing.released_shapes import random_params  # noqa: E402
+from gpu_check.common import difference  # noqa: E402  (scripts/, this script's folder)
 
 TOPOLOGIES = {
     # The sandwich of the first H200 disagreement (module docstring).
@@ -111,8 +112,6 @@ DIAGNOSE_FLAGS = (
     "--xla_gpu_autotune_level=0",
     "--xla_gpu_enable_latency_hiding_scheduler=false",
 )
-FIELDS = ("token_ids", "exit_depths", "recurrent_passes", "outer_steps", "loop_token_passes",
-          "stop_reason")
 
 
 def model_config(topology: str) -> ModelConfig:
@@ -129,22 +128,6 @@ def prompts_for(setting: Setting, count: int) -> list[list[int]]:
         ids = jax.random.randint(jax.random.fold_in(key, i), (n,), 4, vocab)
         out.append([int(t) for t in ids])
     return out
-
-
-def difference(out, ref, halt_tolerance: float) -> str | None:
-    """The first difference of ``out`` from ``ref`` (DecodeOutput), or None."""
-    for field in FIELDS:
-        a, b = getattr(out, field), getattr(ref, field)
-        if a != b:
-            if isinstance(a, list):
-                at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-                return f"{field} differ from position {at} (lengths {len(a)}, {len(b)})"
-            return f"{field} {a!r} against {b!r}"
-    a, b = out.first_pass_halt_probabilities, ref.first_pass_halt_probabilities
-    worst = max((abs(x - y) for x, y in zip(a, b)), default=0.0)
-    if worst > halt_tolerance:
-        return f"first-pass halting probabilities differ by up to {worst:.3g}"
-    return None
 
 
 def run(args) -> int:

@@ -8,8 +8,8 @@ partitioned across devices), only on the platforms its row of :data:`FORMS` name
 picks by the platform it is lowered for, ``jax.lax.platform_dependent``), and only where its
 module's ``supported`` predicate takes the shapes and dtype (Triton's power-of-two tiles, the
 rows a kernel is good for, 16-bit activations); everywhere else XLA's form runs. :data:`FORMS`
-is that table, one row a form, as data that the plan and ``scripts/gpu_check`` can read
-(neither prints it yet), and :func:`allowed` evaluates a row's condition.
+is that table, one row a form, as data (``scripts/gpu_check`` prints the rows of the device's
+platform before it measures), and :func:`allowed` evaluates a row's condition.
 
 The functions below are the conditions as the network calls them; each imports its kernel's
 module (Pallas's Triton module with it) only when called, so a program that runs no kernel

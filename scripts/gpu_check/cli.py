@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from alodlm_jax.config import DecodeConfig, DecodeConfigError
 from alodlm_jax.decode.compiled import CompiledEngine
 from alodlm_jax.decode.portable import PortableEngine
+from alodlm_jax.kernels.select import FORMS
 from alodlm_jax.plan.fit import tree_bytes
 from alodlm_jax.testing.released_shapes import SHAPES, model_config, random_params
 
@@ -93,6 +94,11 @@ def main(argv=None) -> int:
           f"prefix's parts combined by "
           f"{'their own kernel' if args.separate_combine else 'the attention kernel'}",
           flush=True)
+    platform = {"gpu": "cuda"}.get(dev.platform, dev.platform)  # platform_dependent's names
+    for form in FORMS:
+        if platform in form.platforms:
+            print(f"  kernel on {platform} under {form.policy} shapes: {form.operation}: "
+                  f"{form.kernel}, where {form.when}", flush=True)
     if dev.platform != "gpu" and not args.tiny:
         print("warning: no GPU visible; the full shapes will be slow here (use --tiny)", flush=True)
     if args.goals:

@@ -1,5 +1,5 @@
-"""What every block of the check shares: the device's rates, a pass's bytes, prompts, times
-per pass, how far apart two outputs are."""
+"""What every block of the check, and gpu_parity.py, share: the device's rates, a pass's bytes,
+prompts, times per pass, how far apart two outputs are, where two decodes first differ."""
 
 from __future__ import annotations
 
@@ -54,3 +54,25 @@ def agreement(want, got) -> tuple[float, float]:
     diff = max(float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
                for a, b in pairs)
     return equal, diff
+
+
+# A decode's fields that must be equal to the reference's (DecodeOutput's names).
+FIELDS = ("token_ids", "exit_depths", "recurrent_passes", "outer_steps", "loop_token_passes",
+          "stop_reason")
+
+
+def difference(out, ref, halt_tolerance: float = float("inf")) -> str | None:
+    """The first difference of ``out`` from ``ref`` (DecodeOutput) in :data:`FIELDS` or, beyond
+    ``halt_tolerance``, in the first-pass halting probabilities; None where there is none."""
+    for field in FIELDS:
+        a, b = getattr(out, field), getattr(ref, field)
+        if a != b:
+            if isinstance(a, list):
+                at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+                return f"{field} differ from position {at} (lengths {len(a)}, {len(b)})"
+            return f"{field} {a!r} against {b!r}"
+    a, b = out.first_pass_halt_probabilities, ref.first_pass_halt_probabilities
+    worst = max((abs(x - y) for x, y in zip(a, b)), default=0.0)
+    if worst > halt_tolerance:
+        return f"first-pass halting probabilities differ by up to {worst:.3g}"
+    return None

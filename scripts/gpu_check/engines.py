@@ -11,7 +11,7 @@ from alodlm_jax.config import DecodeConfig
 from alodlm_jax.decode.compiled import CompiledEngine
 from alodlm_jax.plan.analysis import step_analysis
 
-from gpu_check.common import device_rates, random_prompts, tb_per_s
+from gpu_check.common import device_rates, difference, random_prompts, tb_per_s
 
 
 def run_batch(cfg, params, decode, prompts, batch, graphs):
@@ -58,6 +58,9 @@ def batch_sweep(cfg, params, batches, args) -> bool:
                        measured_compile=engine.compile_seconds, command_buffers="graphs")
             continue
         defaults = [o.token_ids for o in outs]
+        for i, (a, o) in enumerate(zip(alone, outs)):
+            if (where := difference(o, a)) is not None:
+                print(f"    batch {b}, prompt {i}: {where} (against one at a time)", flush=True)
         same_all &= same
         cost = step_analysis(cfg, params, engine.bucket_for(args.prompt_tokens, batch=b),
                              shapes=engine.shapes)
