@@ -1,7 +1,7 @@
-"""The token corpus's comparison (alodlm_jax.testing.token_corpus, run by .ci/run across JAX lines):
+"""The token corpus's comparison (alodlm_jax.compare.token_corpus, run by .ci/run across JAX lines):
 what it lets through and what it reports."""
 
-from alodlm_jax.testing import token_corpus as TC
+from alodlm_jax.compare import token_corpus as TC
 
 
 def _out(tokens=(5, 6, 7), halts=(0.25, 0.5), **changes):

@@ -10,8 +10,8 @@ reference parity suites' 1e-6) and writes what the portable engine gave to ``DIR
 tokens, exit depths and counters from all three, and first-pass halting probabilities within the
 same 1e-6 (it prints how many are identical to the bit). Exit status 1 on any difference::
 
-    python -m alodlm_jax.testing.token_corpus write .ci/corpus      # Python 3.11, torch
-    python -m alodlm_jax.testing.token_corpus check .ci/corpus      # any JAX line
+    python -m alodlm_jax.compare.token_corpus write .ci/corpus      # Python 3.11, torch
+    python -m alodlm_jax.compare.token_corpus check .ci/corpus      # any JAX line
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def _writer(root: pathlib.Path) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m alodlm_jax.testing.token_corpus",
+    parser = argparse.ArgumentParser(prog="python -m alodlm_jax.compare.token_corpus",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=("write", "check"))
     parser.add_argument("dir", type=pathlib.Path)
