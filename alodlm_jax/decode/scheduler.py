@@ -38,6 +38,15 @@ def empty_slots(engine, bucket: W.Bucket) -> Slots:
     return engine.layout.place(slots, engine.layout.slots_shardings(slots))
 
 
+def admit_operands(layout, bucket: W.Bucket, slot: int, prompt: Sequence[int]):
+    """The admit program's operands for ``prompt`` into slot ``slot``: its ids padded to the
+    bucket's prompt length, the slot and the length, placed as ``layout`` places them."""
+    ids = np.zeros((bucket.prompt_bucket,), np.int32)
+    ids[: len(prompt)] = prompt
+    return layout.place((jnp.asarray(ids), jnp.asarray(slot, jnp.int32),
+                         jnp.asarray(len(prompt), jnp.int32)))
+
+
 def generate_stream(engine, prompts: Sequence[Sequence[int]], batch_size: int, *,
                     step_budget: int = W.NO_STEP_BUDGET) -> Iterator[DecodeOutput]:
     """Decodes ``prompts`` with ``batch_size`` slots and continuous batching (module docstring).
@@ -77,10 +86,7 @@ def generate_stream(engine, prompts: Sequence[Sequence[int]], batch_size: int, *
             for b in range(bucket.batch):
                 if occupant[b] is None and waiting:
                     i = waiting.popleft()
-                    ids = np.zeros((bucket.prompt_bucket,), np.int32)
-                    ids[: len(checked[i])] = checked[i]
-                    ids, slot, length = layout.place((jnp.asarray(ids), jnp.asarray(b, jnp.int32),
-                                                      jnp.asarray(len(checked[i]), jnp.int32)))
+                    ids, slot, length = admit_operands(layout, bucket, b, checked[i])
                     jax.block_until_ready((ids, slot, length))
                     t0 = time.perf_counter()
                     cache, carry = admit(params, cache, carry, slot, ids, length, consts)

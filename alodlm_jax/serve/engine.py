@@ -215,10 +215,8 @@ class EngineLoop:
     def _turn(self, admits) -> None:
         engine, layout = self.engine, self.engine.layout
         for b, request in admits:
-            ids = np.zeros((self.bucket.prompt_bucket,), np.int32)
-            ids[: len(request.prompt_ids)] = request.prompt_ids
-            ids, slot, length = layout.place((jnp.asarray(ids), jnp.asarray(b, jnp.int32),
-                                              jnp.asarray(len(request.prompt_ids), jnp.int32)))
+            ids, slot, length = scheduler.admit_operands(layout, self.bucket, b,
+                                                         request.prompt_ids)
             self._cache, self._carry = self._admit(engine.params, self._cache, self._carry, slot,
                                                    ids, length, self._consts)
             request.admitted = time.monotonic()
